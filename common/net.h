@@ -1,0 +1,19 @@
+// Address helpers shared by the binaries.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace stepwatch {
+
+struct HostPort {
+  std::string host;  // without brackets for IPv6
+  int port = 0;
+};
+
+// Parses "HOST:PORT", "[V6]:PORT" or ":PORT" (host empty). Port must be 0..65535.
+absl::StatusOr<HostPort> ParseHostPort(absl::string_view address);
+
+}  // namespace stepwatch

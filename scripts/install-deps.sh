@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages stepwatch needs to build, test and run its demo.
+# Idempotent: packages already present are skipped, so repeated runs are fast.
+# Usage: scripts/install-deps.sh [build|test|all]   (default: all)
+set -euo pipefail
+
+profile="${1:-all}"
+
+build_pkgs=(
+  build-essential cmake pkg-config git ca-certificates
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  prometheus-cpp-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+  clang-format python3
+)
+test_pkgs=(
+  prometheus prometheus-alertmanager python3-torch curl procps iproute2
+)
+
+case "$profile" in
+  build) wanted=("${build_pkgs[@]}") ;;
+  test | all) wanted=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
+  *)
+    echo "usage: $0 [build|test|all]" >&2
+    exit 2
+    ;;
+esac
+
+missing=()
+for pkg in "${wanted[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$pkg")
+  fi
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+  echo "install-deps: all ${#wanted[@]} packages present"
+  exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  sudo="sudo"
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,85 @@
+#include "common/json.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace stepwatch::json {
+namespace {
+
+TEST(JsonTest, ParsesFlatObject) {
+  auto v = Parse(R"({"job":"j1","rank":3,"step_s":0.25,"ok":true,"x":null})");
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_TRUE(v->is_object());
+  EXPECT_EQ(v->Find("job")->as_string(), "j1");
+  EXPECT_TRUE(v->Find("rank")->is_integer());
+  EXPECT_EQ(v->Find("rank")->as_int64(), 3);
+  EXPECT_FALSE(v->Find("step_s")->is_integer());
+  EXPECT_DOUBLE_EQ(v->Find("step_s")->as_double(), 0.25);
+  EXPECT_TRUE(v->Find("ok")->as_bool());
+  EXPECT_TRUE(v->Find("x")->is_null());
+  EXPECT_EQ(v->Find("missing"), nullptr);
+}
+
+TEST(JsonTest, ParsesNestedArraysAndObjects) {
+  auto v = Parse(R"( {"gpus":[{"pids":[1,2]},{"pids":[]}]} )");
+  ASSERT_TRUE(v.ok()) << v.status();
+  const auto& gpus = v->Find("gpus")->as_array();
+  ASSERT_EQ(gpus.size(), 2u);
+  EXPECT_EQ(gpus[0].Find("pids")->as_array()[1].as_int64(), 2);
+  EXPECT_TRUE(gpus[1].Find("pids")->as_array().empty());
+}
+
+TEST(JsonTest, StringEscapesAndUtf8) {
+  auto v = Parse(R"("a\"b\\c\n\u00e9\ud83d\ude00é")");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->as_string(), "a\"b\\c\n\xC3\xA9\xF0\x9F\x98\x80\xC3\xA9");
+}
+
+TEST(JsonTest, IntegersKeepExactValueAndRejectOverflowAsInteger) {
+  auto v = Parse("9223372036854775807");
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->is_integer());
+  EXPECT_EQ(v->as_int64(), INT64_MAX);
+  auto big = Parse("9223372036854775808");
+  ASSERT_TRUE(big.ok());
+  EXPECT_FALSE(big->is_integer());
+  auto neg = Parse("-9223372036854775808");
+  ASSERT_TRUE(neg.ok());
+  EXPECT_TRUE(neg->is_integer());
+  EXPECT_EQ(neg->as_int64(), INT64_MIN);
+  auto exp = Parse("1e3");
+  ASSERT_TRUE(exp.ok());
+  EXPECT_FALSE(exp->is_integer());
+  EXPECT_DOUBLE_EQ(exp->as_double(), 1000);
+}
+
+TEST(JsonTest, RejectsInvalidDocuments) {
+  for (const char* bad : {"", "{", "{\"a\":}", "{\"a\":1,}", "[1,]", "NaN", "Infinity", "-",
+                          "01", "1.", ".5", "{'a':1}", "{\"a\":1} x", "\"\\x\"", "\"\\ud800\"",
+                          "\"abc", "{\"a\":1,\"a\":2}", "tru", "1e999", "\"\x01\"", "\"\xff\"",
+                          "\"\xc0\xaf\"", "// c\n1"}) {
+    EXPECT_FALSE(Parse(bad).ok()) << "accepted: " << bad;
+  }
+}
+
+TEST(JsonTest, LimitsDepth) {
+  std::string deep(100, '[');
+  deep += std::string(100, ']');
+  auto v = Parse(deep);
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.status().message().find("too deep"), std::string::npos);
+  ParseOptions options;
+  options.max_depth = 200;
+  EXPECT_TRUE(Parse(deep, options).ok());
+}
+
+TEST(JsonTest, QuoteRoundTrips) {
+  std::string original = "tab\there \"quoted\" back\\slash \x01 é";
+  auto v = Parse(Quote(original));
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->as_string(), original);
+}
+
+}  // namespace
+}  // namespace stepwatch::json
