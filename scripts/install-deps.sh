@@ -14,6 +14,7 @@ build_pkgs=(
 )
 test_pkgs=(
   prometheus prometheus-alertmanager python3-torch curl procps iproute2
+  python3-yaml shellcheck
 )
 
 case "$profile" in

@@ -1,0 +1,58 @@
+// The agent's own /metrics: the node's raw GPU and host readings (as dcgm-exporter and
+// node_exporter would show them) and the agent's health. Built at scrape time from snapshots, so
+// nothing here is updated on the hot path.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "agent/ingest_server.h"
+#include "agent/shipper.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
+
+namespace prometheus {
+class Exposer;
+}  // namespace prometheus
+
+namespace stepwatch::agent {
+
+struct AgentMetricsSources {
+  // Value of the `node` label on every series.
+  std::string node;
+  // Capacity of the shipper's buffer, in batches.
+  uint64_t buffer_capacity_batches = 0;
+  std::function<IngestStats()> ingest;
+  std::function<ShipperStats()> shipper;
+  std::function<NodeSnapshot()> samples;
+};
+
+class AgentCollectable : public prometheus::Collectable {
+ public:
+  explicit AgentCollectable(AgentMetricsSources sources) : sources_(std::move(sources)) {}
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  const AgentMetricsSources sources_;
+};
+
+// Serves /metrics on `listen` (HOST:PORT, ":PORT" for all interfaces, port 0 for any free port).
+class MetricsServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
+      const std::string& listen, std::shared_ptr<prometheus::Collectable> collectable);
+  ~MetricsServer();
+  // The bound port (useful with port 0).
+  int port() const { return port_; }
+
+ private:
+  MetricsServer() = default;
+  std::shared_ptr<prometheus::Collectable> collectable_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+};
+
+}  // namespace stepwatch::agent

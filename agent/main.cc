@@ -1,0 +1,307 @@
+// stepwatch-agent: one per training node. Receives step events from training processes on a Unix
+// datagram socket, samples GPUs (NVML) and the host, and streams it all to the collector.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "agent/agent_metrics.h"
+#include "agent/ingest_server.h"
+#include "agent/shipper.h"
+#include "common/log.h"
+#include "common/net.h"
+#include "gpu/gpu_source.h"
+#include "host/host_sampler.h"
+
+#ifndef STEPWATCH_VERSION
+#define STEPWATCH_VERSION "dev"
+#endif
+
+ABSL_FLAG(std::string, collector, "127.0.0.1:7070",
+          "Collector gRPC address, HOST:PORT ([V6]:PORT for IPv6).");
+ABSL_FLAG(std::string, socket, "/run/stepwatch/agent.sock",
+          "Unix datagram socket that training processes send step events to (clients read "
+          "STEPWATCH_SOCKET). The parent directory is created; a stale socket file is replaced; "
+          "the socket is made writable by all users.");
+ABSL_FLAG(std::string, node, "", "Node name used in every series. Default: the host name.");
+ABSL_FLAG(double, interval, 1.0,
+          "Seconds between report batches (and GPU/host samples); fractions such as 0.2 allowed.");
+ABSL_FLAG(int64_t, buffer, 600,
+          "Most unacknowledged report batches held for resending after a collector outage; when "
+          "full the oldest are dropped and counted.");
+ABSL_FLAG(int64_t, buffer_bytes, 64 << 20,
+          "Most bytes of unacknowledged report batches held (a second bound next to --buffer).");
+ABSL_FLAG(int64_t, max_pending_events, 200000,
+          "Most step events waiting for the next batch; more are dropped and counted.");
+ABSL_FLAG(std::string, nvml_library, "libnvidia-ml.so.1",
+          "NVML library to load with dlopen. Without it the agent runs without GPU metrics.");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Serve the node's raw GPU/host metrics and the agent's health on "
+          "http://HOST:PORT/metrics (\":PORT\" for all interfaces). Empty: no metrics endpoint.");
+ABSL_FLAG(std::string, host_root, "",
+          "Filesystem root under which /proc and /sys are read (for tests and containers that "
+          "mount the host's /proc elsewhere). Empty: the real root.");
+ABSL_FLAG(double, reconnect_max_backoff, 2.0,
+          "Longest wait, in seconds, between attempts to reach the collector (exponential "
+          "backoff with jitter from 0.1 s up to this).");
+ABSL_FLAG(double, shutdown_timeout, 2.0,
+          "On SIGINT/SIGTERM, seconds to wait for the collector to acknowledge the last batches.");
+ABSL_FLAG(int64_t, receive_buffer_bytes, 16 << 20,
+          "Requested kernel receive buffer of the ingest socket (absorbs bursts of step events).");
+
+namespace {
+
+constexpr int kUsageError = 2;
+
+[[noreturn]] void UsageError(const std::string& message) {
+  std::fprintf(stderr, "stepwatch-agent: %s\nTry --help.\n", message.c_str());
+  std::exit(kUsageError);
+}
+
+bool IsHelpFlag(const std::string& name) {
+  static const std::set<std::string> kHelp = {"help",        "helpfull", "helpshort",
+                                              "helppackage", "version",  "only_check_args",
+                                              "helpon",      "helpmatch"};
+  return kHelp.count(name) > 0;
+}
+
+// The documented flags use dashes (--metrics-listen); Abseil names use underscores. Rewrites the
+// names, then checks every flag and value so that any mistake exits with status 2 (Abseil's
+// parser would exit with 1).
+std::vector<std::string> NormalizeAndCheckFlags(int argc, char** argv) {
+  std::vector<std::string> out = {argv[0]};
+  bool positional = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (positional || arg.size() < 2 || arg[0] != '-') {
+      if (!positional) UsageError(absl::StrCat("unexpected argument: ", arg));
+      out.push_back(arg);
+      continue;
+    }
+    if (arg == "--") {
+      positional = true;
+      out.push_back(arg);
+      continue;
+    }
+    const size_t dashes = arg[1] == '-' ? 2 : 1;
+    const size_t eq = arg.find('=');
+    std::string name =
+        arg.substr(dashes, eq == std::string::npos ? std::string::npos : eq - dashes);
+    for (char& c : name) {
+      if (c == '-') c = '_';
+    }
+    const bool has_value = eq != std::string::npos;
+    std::string value = has_value ? arg.substr(eq + 1) : std::string();
+    out.push_back(absl::StrCat("--", name, has_value ? "=" : "", value));
+    if (IsHelpFlag(name)) continue;
+
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    bool negated = false;
+    if (flag == nullptr && name.rfind("no", 0) == 0) {
+      flag = absl::FindCommandLineFlag(name.substr(2));
+      negated = flag != nullptr;
+    }
+    if (flag == nullptr) UsageError(absl::StrCat("unknown flag --", name));
+    if (flag->IsOfType<bool>()) {
+      if (negated && has_value) UsageError(absl::StrCat("--", name, " takes no value"));
+      if (!has_value) continue;
+    } else if (negated) {
+      UsageError(absl::StrCat("unknown flag --", name));
+    } else if (!has_value) {
+      if (i + 1 >= argc) UsageError(absl::StrCat("--", name, " needs a value"));
+      value = argv[++i];
+      out.push_back(value);
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      UsageError(absl::StrCat("bad value for --", name, ": ", error));
+    }
+  }
+  return out;
+}
+
+std::string HostName() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
+  return buf;
+}
+
+absl::Duration SecondsFlag(double seconds, const char* name, double min_seconds) {
+  if (!std::isfinite(seconds) || seconds < min_seconds || seconds > 86400) {
+    UsageError(absl::StrFormat("--%s must be between %g and 86400 seconds, got %g", name,
+                               min_seconds, seconds));
+  }
+  return absl::Seconds(seconds);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::FlagsUsageConfig usage_config;
+  // --help lists the flags defined in this file.
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "agent/main.cc");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  usage_config.version_string = [] {
+    return std::string("stepwatch-agent " STEPWATCH_VERSION "\n");
+  };
+  absl::SetFlagsUsageConfig(usage_config);
+  absl::SetProgramUsageMessage(
+      "stepwatch-agent --collector=HOST:PORT --socket=PATH [--node=NAME] [--interval=SECONDS]\n"
+      "    [--buffer=N] [--nvml-library=PATH] [--metrics-listen=HOST:PORT]\n\n"
+      "Receives step events (one JSON object per datagram) from training processes on a Unix\n"
+      "socket, samples the node's GPUs (NVML) and host, and streams both to the stepwatch\n"
+      "collector. Flag names may be written with dashes or underscores.");
+  std::vector<std::string> args = NormalizeAndCheckFlags(argc, argv);
+  std::vector<char*> arg_ptrs;
+  for (std::string& a : args) arg_ptrs.push_back(a.data());
+  std::vector<char*> rest =
+      absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  if (rest.size() > 1) UsageError(absl::StrCat("unexpected argument: ", rest[1]));
+
+  // Validate values before starting anything.
+  const std::string collector = absl::GetFlag(FLAGS_collector);
+  absl::StatusOr<stepwatch::HostPort> collector_hp = stepwatch::ParseHostPort(collector);
+  if (!collector_hp.ok() || collector_hp->host.empty() || collector_hp->port == 0) {
+    UsageError(absl::StrCat("--collector must be HOST:PORT with a non-zero port, got \"", collector,
+                            "\""));
+  }
+  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (!metrics_listen.empty() && !stepwatch::ParseHostPort(metrics_listen).ok()) {
+    UsageError(
+        absl::StrCat("--metrics-listen must be HOST:PORT or :PORT, got \"", metrics_listen, "\""));
+  }
+  const std::string socket_path = absl::GetFlag(FLAGS_socket);
+  if (socket_path.empty()) UsageError("--socket must not be empty");
+  std::string node = absl::GetFlag(FLAGS_node);
+  if (node.empty()) node = HostName();
+  const absl::Duration interval = SecondsFlag(absl::GetFlag(FLAGS_interval), "interval", 0.01);
+  const absl::Duration max_backoff =
+      SecondsFlag(absl::GetFlag(FLAGS_reconnect_max_backoff), "reconnect-max-backoff", 0.1);
+  const absl::Duration shutdown_timeout =
+      SecondsFlag(absl::GetFlag(FLAGS_shutdown_timeout), "shutdown-timeout", 0);
+  const int64_t buffer = absl::GetFlag(FLAGS_buffer);
+  if (buffer < 1 || buffer > 1000000) UsageError("--buffer must be between 1 and 1000000");
+  const int64_t buffer_bytes = absl::GetFlag(FLAGS_buffer_bytes);
+  if (buffer_bytes < 1) UsageError("--buffer-bytes must be positive");
+  const int64_t max_pending = absl::GetFlag(FLAGS_max_pending_events);
+  if (max_pending < 1) UsageError("--max-pending-events must be positive");
+  const int64_t rcvbuf = absl::GetFlag(FLAGS_receive_buffer_bytes);
+  if (rcvbuf < 0 || rcvbuf > (1 << 30)) {
+    UsageError("--receive-buffer-bytes must be between 0 and 1 GiB");
+  }
+
+  // Signals are taken synchronously by the main thread; every other thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  using namespace stepwatch;  // NOLINT: main only wires parts together.
+
+  gpu::GpuSourceOptions gpu_options;
+  gpu_options.nvml_library = absl::GetFlag(FLAGS_nvml_library);
+  std::unique_ptr<gpu::GpuSource> gpus = gpu::OpenNvmlGpuSource(gpu_options);
+  v1::NodeInfo node_info;
+  node_info.set_node(node);
+  node_info.set_hostname(HostName());
+  node_info.set_agent_version(STEPWATCH_VERSION);
+  {
+    v1::NodeInfo described = node_info;
+    gpus->DescribeNode(&described);
+    if (described.nvml_available()) {
+      SW_LOG_INFO << "NVML loaded from " << gpu_options.nvml_library << ": "
+                  << described.gpu_count() << " GPUs, driver " << described.driver_version();
+    } else {
+      SW_LOG_WARNING << "NVML unavailable (" << described.nvml_error()
+                     << "); running without GPU metrics";
+    }
+  }
+  host::HostSamplerOptions host_options;
+  host_options.root = absl::GetFlag(FLAGS_host_root);
+  std::unique_ptr<host::HostSampler> host = host::MakeHostSampler(host_options);
+
+  agent::ShipperOptions shipper_options;
+  shipper_options.collector = collector;
+  shipper_options.agent_id = agent::MakeAgentId(node, socket_path);
+  shipper_options.node_info = node_info;
+  shipper_options.interval = interval;
+  shipper_options.max_buffered_batches = static_cast<size_t>(buffer);
+  shipper_options.max_buffered_bytes = static_cast<size_t>(buffer_bytes);
+  shipper_options.max_pending_events = static_cast<size_t>(max_pending);
+  shipper_options.backoff.max = max_backoff;
+  shipper_options.backoff.initial = std::min(absl::Milliseconds(100), max_backoff);
+  agent::Shipper shipper(shipper_options, gpus.get(), host.get());
+  if (absl::Status st = shipper.Start(); !st.ok()) {
+    SW_LOG_ERROR << "cannot start shipping: " << st;
+    return 1;
+  }
+
+  agent::IngestServerOptions ingest_options;
+  ingest_options.socket_path = socket_path;
+  ingest_options.receive_buffer_bytes = static_cast<int>(rcvbuf);
+  absl::StatusOr<std::unique_ptr<agent::IngestServer>> ingest = agent::IngestServer::Start(
+      ingest_options, [&shipper](v1::StepEvent&& event) { shipper.AddStep(std::move(event)); });
+  if (!ingest.ok()) {
+    SW_LOG_ERROR << "cannot open the ingest socket: " << ingest.status();
+    shipper.Stop(absl::ZeroDuration());
+    return 1;
+  }
+
+  std::unique_ptr<agent::MetricsServer> metrics;
+  if (!metrics_listen.empty()) {
+    agent::AgentMetricsSources sources;
+    sources.node = node;
+    sources.buffer_capacity_batches = static_cast<uint64_t>(buffer);
+    agent::IngestServer* ingest_ptr = ingest->get();
+    sources.ingest = [ingest_ptr] { return ingest_ptr->stats(); };
+    sources.shipper = [&shipper] { return shipper.stats(); };
+    sources.samples = [&shipper] { return shipper.LatestSamples(); };
+    absl::StatusOr<std::unique_ptr<agent::MetricsServer>> m = agent::MetricsServer::Start(
+        metrics_listen, std::make_shared<agent::AgentCollectable>(std::move(sources)));
+    if (!m.ok()) {
+      SW_LOG_ERROR << m.status();
+      (*ingest)->Stop();
+      shipper.Stop(absl::ZeroDuration());
+      return 1;
+    }
+    metrics = *std::move(m);
+    SW_LOG_INFO << "serving metrics on " << metrics_listen << " (port " << metrics->port() << ")";
+  }
+
+  SW_LOG_INFO << "stepwatch-agent ready: node " << node << ", listening on " << socket_path
+              << " (receive buffer " << (*ingest)->receive_buffer_bytes() << " bytes), shipping to "
+              << collector << " every " << absl::FormatDuration(interval) << " (agent_id "
+              << shipper_options.agent_id << ", boot_id " << shipper.boot_id() << ")";
+
+  int sig = 0;
+  while (sigwait(&signals, &sig) != 0) {
+  }
+  SW_LOG_INFO << "received " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down";
+  // Stop taking events first, then flush what was taken.
+  (*ingest)->Stop();
+  shipper.Stop(shutdown_timeout);
+  metrics.reset();
+  const agent::ShipperStats s = shipper.stats();
+  SW_LOG_INFO << "stopped: " << s.events_shipped_total << " events shipped, "
+              << s.batches_acknowledged_total << " of " << s.batches_created_total
+              << " batches acknowledged, " << s.batches_dropped_total << " dropped";
+  return 0;
+}

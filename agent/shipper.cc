@@ -1,0 +1,405 @@
+#include "agent/shipper.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/log.h"
+
+namespace stepwatch::agent {
+namespace {
+
+// FNV-1a: a hash that, unlike std::hash or absl::Hash, is the same in every process.
+uint64_t StableHash(absl::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+int Millis(absl::Duration d) { return static_cast<int>(absl::ToInt64Milliseconds(d)); }
+
+}  // namespace
+
+std::string MakeAgentId(const std::string& node, const std::string& socket_path) {
+  return absl::StrFormat("%s-%016x", node, StableHash(socket_path));
+}
+
+std::string MakeBootId() {
+  absl::BitGen gen;
+  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
+}
+
+Shipper::Shipper(const ShipperOptions& options, gpu::GpuSource* gpus, host::HostSampler* host)
+    : options_(options),
+      boot_id_(options.boot_id.empty() ? MakeBootId() : options.boot_id),
+      gpus_(gpus),
+      host_(host),
+      clock_(options.clock ? options.clock : &system_clock_) {
+  latest_.node = options_.node_info;
+}
+
+Shipper::~Shipper() { Stop(absl::ZeroDuration()); }
+
+absl::Status Shipper::Start() {
+  if (options_.agent_id.empty()) return absl::InvalidArgumentError("agent_id is required");
+  if (options_.collector.empty()) return absl::InvalidArgumentError("collector is required");
+  if (options_.interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("interval must be > 0");
+  }
+  if (options_.max_buffered_batches == 0 || options_.max_events_per_batch == 0) {
+    return absl::InvalidArgumentError("buffer and batch limits must be > 0");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (started_) return absl::FailedPreconditionError("already started");
+    started_ = true;
+  }
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, Millis(options_.keepalive_time));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Millis(options_.keepalive_timeout));
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  // gRPC's own reconnect backoff (up to 120 s by default) would hide a restarted collector for
+  // long after our own, shorter backoff has expired.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, Millis(options_.backoff.initial));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, Millis(options_.backoff.initial));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, Millis(options_.backoff.max));
+  channel_ =
+      grpc::CreateCustomChannel(options_.collector, grpc::InsecureChannelCredentials(), args);
+  stub_ = v1::Ingest::NewStub(channel_);
+  ticker_ = std::thread([this] { TickerLoop(); });
+  streamer_ = std::thread([this] { StreamLoop(); });
+  return absl::OkStatus();
+}
+
+void Shipper::AddStep(v1::StepEvent&& event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pending_.size() >= options_.max_pending_events) {
+    ++stats_.events_dropped_total;
+    return;
+  }
+  pending_.push_back(std::move(event));
+}
+
+void Shipper::FlushNow() { CutBatches(/*with_samples=*/true); }
+
+void Shipper::Stop(absl::Duration flush_timeout) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    stop_ticker_ = true;
+    if (!started_) return;
+  }
+  cv_.notify_all();
+  if (ticker_.joinable()) ticker_.join();
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    const bool has_pending = !pending_.empty();
+    lock.unlock();
+    if (has_pending) CutBatches(/*with_samples=*/false);
+    lock.lock();
+    // Bounded flush, and none at all while the collector is away: it cannot hold up shutdown.
+    const auto deadline =
+        std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(flush_timeout);
+    cv_.wait_until(lock, deadline, [this] { return buffer_.empty() || !stats_.connected; });
+    if (!buffer_.empty()) {
+      SW_LOG_WARNING << "shutting down with " << buffer_.size()
+                     << " batches not acknowledged by the collector";
+    }
+    stop_ = true;
+    if (context_ != nullptr) context_->TryCancel();
+  }
+  cv_.notify_all();
+  if (streamer_.joinable()) streamer_.join();
+}
+
+ShipperStats Shipper::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ShipperStats s = stats_;
+  s.buffered_batches = buffer_.size();
+  s.buffered_bytes = buffered_bytes_;
+  s.pending_events = pending_.size();
+  s.last_seq = last_seq_;
+  s.acked_seq = acked_seq_;
+  return s;
+}
+
+NodeSnapshot Shipper::LatestSamples() const {
+  std::lock_guard<std::mutex> lock(sample_mu_);
+  return latest_;
+}
+
+void Shipper::TickerLoop() {
+  const auto interval = absl::ToChronoNanoseconds(options_.interval);
+  auto next = std::chrono::steady_clock::now() + interval;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_ticker_) {
+    if (cv_.wait_until(lock, next, [this] { return stop_ticker_; })) break;
+    lock.unlock();
+    CutBatches(/*with_samples=*/true);
+    lock.lock();
+    next += interval;
+    // After a stall (suspended process, slow NVML) skip missed ticks instead of bursting.
+    const auto now = std::chrono::steady_clock::now();
+    if (next < now) next = now + interval;
+  }
+}
+
+void Shipper::CutBatches(bool with_samples) {
+  std::lock_guard<std::mutex> cut_lock(cut_mu_);
+  const int64_t now = clock_->NowUnixNanos();
+  v1::NodeInfo node = options_.node_info;
+  std::vector<v1::GpuSample> gpus;
+  std::optional<v1::HostSample> host;
+  uint64_t gpu_errors = 0, host_errors = 0;
+  if (gpus_ != nullptr) gpus_->DescribeNode(&node);
+  if (with_samples && gpus_ != nullptr) {
+    absl::StatusOr<std::vector<v1::GpuSample>> s = gpus_->Sample(now);
+    if (s.ok()) {
+      gpus = *std::move(s);
+    } else {
+      ++gpu_errors;
+    }
+  }
+  if (with_samples && host_ != nullptr) {
+    absl::StatusOr<v1::HostSample> s = host_->Sample(now);
+    if (s.ok()) {
+      host = *std::move(s);
+    } else {
+      ++host_errors;
+    }
+  }
+  if (with_samples) {
+    std::lock_guard<std::mutex> lock(sample_mu_);
+    latest_.node = node;
+    latest_.gpus = gpus;
+    latest_.host = host;
+  }
+
+  std::vector<v1::StepEvent> steps;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    steps.swap(pending_);
+    stats_.gpu_sample_errors_total += gpu_errors;
+    stats_.host_sample_errors_total += host_errors;
+  }
+  // Build outside the lock: AddStep must stay cheap for the ingest thread.
+  std::vector<std::shared_ptr<v1::ReportBatch>> batches;
+  size_t next_step = 0;
+  do {
+    auto batch = std::make_shared<v1::ReportBatch>();
+    batch->set_agent_id(options_.agent_id);
+    batch->set_boot_id(boot_id_);
+    batch->set_created_unix_nanos(now);
+    *batch->mutable_node() = node;
+    if (batches.empty()) {
+      for (auto& g : gpus) *batch->add_gpus() = std::move(g);
+      if (host) *batch->mutable_host() = std::move(*host);
+    }
+    const size_t end = std::min(steps.size(), next_step + options_.max_events_per_batch);
+    batch->mutable_steps()->Reserve(static_cast<int>(end - next_step));
+    for (; next_step < end; ++next_step) *batch->add_steps() = std::move(steps[next_step]);
+    batches.push_back(std::move(batch));
+  } while (next_step < steps.size());
+
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& batch : batches) {
+      batch->set_seq(++last_seq_);
+      Entry e;
+      e.seq = batch->seq();
+      e.bytes = batch->ByteSizeLong();
+      e.batch = std::move(batch);
+      buffered_bytes_ += e.bytes;
+      stats_.events_shipped_total += e.batch->steps_size();
+      buffer_.push_back(std::move(e));
+      ++stats_.batches_created_total;
+    }
+    // Keep at least the newest batch even when it alone exceeds the byte bound.
+    while (buffer_.size() > options_.max_buffered_batches ||
+           (buffer_.size() > 1 && buffered_bytes_ > options_.max_buffered_bytes)) {
+      buffered_bytes_ -= buffer_.front().bytes;
+      buffer_.pop_front();
+      ++stats_.batches_dropped_total;
+    }
+  }
+  cv_.notify_all();
+}
+
+void Shipper::SleepUnlessStopped(absl::Duration d) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, absl::ToChronoNanoseconds(d), [this] { return stop_; });
+}
+
+bool Shipper::WaitForChannel() {
+  const absl::Time deadline = absl::Now() + options_.connect_timeout;
+  bool tried = false;
+  while (absl::Now() < deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return false;
+    }
+    const grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
+    if (state == GRPC_CHANNEL_READY) return true;
+    // A refused connection fails this attempt at once; our backoff decides when to try again.
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE && tried) return false;
+    if (state == GRPC_CHANNEL_SHUTDOWN) return false;
+    tried = true;
+    // Short slices so that Stop() is never held up by a connection attempt.
+    channel_->WaitForStateChange(state,
+                                 std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+void Shipper::StreamLoop() {
+  Backoff backoff(options_.backoff);
+  LogRateLimiter failure_log(3, std::chrono::seconds(30));
+  uint64_t failures = 0;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      ++stats_.connect_attempts_total;
+    }
+    bool progressed = false;
+    if (WaitForChannel()) {
+      progressed = RunStream();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+    }
+    if (progressed) {
+      backoff.Reset();
+      failures = 0;
+    }
+    ++failures;
+    const absl::Duration delay = absl::Trunc(backoff.Next(), absl::Milliseconds(1));
+    uint64_t suppressed = 0;
+    if (failure_log.Allow(&suppressed)) {
+      SW_LOG_WARNING << "collector " << options_.collector << " unavailable (" << failures
+                     << (failures == 1 ? " failure" : " failures in a row") << "), retrying in "
+                     << absl::FormatDuration(delay);
+    }
+    SleepUnlessStopped(delay);
+  }
+}
+
+bool Shipper::RunStream() {
+  grpc::ClientContext context;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return false;
+    context_ = &context;
+    written_seq_ = 0;
+    stream_broken_ = false;
+    acked_on_stream_ = false;
+    awaiting_ack_since_.reset();
+  }
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ReportBatch, v1::IngestAck>> stream =
+      stub_->Report(&context);
+  SW_LOG_INFO << "connected to collector " << options_.collector << " (agent_id "
+              << options_.agent_id << ", boot_id " << boot_id_ << ")";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.connected = true;
+    ++stats_.connects_total;
+  }
+  std::thread reader([this, &stream] {
+    v1::IngestAck ack;
+    while (stream->Read(&ack)) OnAck(ack);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stream_broken_ = true;
+    }
+    cv_.notify_all();
+  });
+
+  std::string why;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    // Wake up now and then to check the acknowledgement deadline.
+    cv_.wait_for(lock, std::chrono::milliseconds(250), [this] {
+      return stop_ || stream_broken_ || (!buffer_.empty() && buffer_.back().seq > written_seq_);
+    });
+    if (stop_) break;
+    if (stream_broken_) {
+      why = "stream closed";
+      break;
+    }
+    if (awaiting_ack_since_ && absl::Now() - *awaiting_ack_since_ > options_.ack_timeout) {
+      why = absl::StrCat("no acknowledgement for ", absl::FormatDuration(options_.ack_timeout));
+      break;
+    }
+    // The next batch to write: the oldest one above what this stream has carried.
+    auto it = buffer_.begin();
+    while (it != buffer_.end() && it->seq <= written_seq_) ++it;
+    if (it == buffer_.end()) continue;
+    std::shared_ptr<v1::ReportBatch> batch = it->batch;
+    batch->set_base_seq(buffer_.front().seq);
+    const bool resend = it->sent_before;
+    it->sent_before = true;
+    written_seq_ = it->seq;
+    if (!awaiting_ack_since_) awaiting_ack_since_ = absl::Now();
+    lock.unlock();
+    const bool ok = stream->Write(*batch);
+    lock.lock();
+    if (!ok) {
+      why = "write failed";
+      break;
+    }
+    ++stats_.batches_sent_total;
+    if (resend) ++stats_.batches_resent_total;
+  }
+  const bool acked = acked_on_stream_;
+  stats_.connected = false;
+  lock.unlock();
+  cv_.notify_all();
+
+  // A stream the collector closed has ended on its own, and Finish() then reports the
+  // collector's status; otherwise cancelling is what unblocks the reader.
+  if (why != "stream closed") context.TryCancel();
+  reader.join();
+  const grpc::Status status = stream->Finish();
+  {
+    std::lock_guard<std::mutex> guard(mu_);
+    context_ = nullptr;
+  }
+  if (!why.empty()) {
+    SW_LOG_WARNING << "disconnected from collector " << options_.collector << ": " << why
+                   << (status.ok() ? std::string()
+                                   : absl::StrCat(" (", status.error_message(), ")"));
+  }
+  return acked;
+}
+
+void Shipper::OnAck(const v1::IngestAck& ack) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ack.boot_id().empty() && ack.boot_id() != boot_id_) return;
+    acked_on_stream_ = true;
+    if (ack.acked_seq() <= acked_seq_) return;
+    acked_seq_ = ack.acked_seq();
+    while (!buffer_.empty() && buffer_.front().seq <= acked_seq_) {
+      buffered_bytes_ -= buffer_.front().bytes;
+      buffer_.pop_front();
+      ++stats_.batches_acknowledged_total;
+    }
+    if (acked_seq_ >= written_seq_) {
+      awaiting_ack_since_.reset();
+    } else {
+      awaiting_ack_since_ = absl::Now();
+    }
+  }
+  cv_.notify_all();
+}
+
+}  // namespace stepwatch::agent

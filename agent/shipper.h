@@ -1,0 +1,185 @@
+// Ships what the agent saw to the collector: every interval one ReportBatch (step events received
+// since the last one, GPU samples, a host sample) on ONE long-lived Ingest.Report stream.
+// Unacknowledged batches stay in a bounded buffer and are resent in order after a reconnect, so a
+// collector restart loses nothing within the buffer; when the buffer is full the oldest batches
+// are dropped and counted.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "agent/backoff.h"
+#include "common/clock.h"
+#include "gpu/gpu_source.h"
+#include "host/host_sampler.h"
+#include "stepwatch/v1/stepwatch.grpc.pb.h"
+#include "stepwatch/v1/stepwatch.pb.h"
+
+namespace grpc {
+class Channel;
+class ClientContext;
+}  // namespace grpc
+
+namespace stepwatch::agent {
+
+struct ShipperOptions {
+  // Collector address, HOST:PORT.
+  std::string collector = "127.0.0.1:7070";
+  // Stable id of this agent (MakeAgentId); required.
+  std::string agent_id;
+  // Id of this process; empty means a random one (MakeBootId).
+  std::string boot_id;
+  // Sent in every batch; nvml_* and gpu fields are filled in from the GpuSource.
+  v1::NodeInfo node_info;
+  absl::Duration interval = absl::Seconds(1);
+  // Bounds on unacknowledged batches; the oldest are dropped beyond either.
+  size_t max_buffered_batches = 600;
+  size_t max_buffered_bytes = 64 << 20;
+  // Step events waiting for the next batch; more are dropped and counted.
+  size_t max_pending_events = 200000;
+  // More events than this in one interval are split over several batches, keeping every message
+  // well under gRPC's default 4 MiB receive limit.
+  size_t max_events_per_batch = 16384;
+  BackoffOptions backoff;
+  // How long one connection attempt may take.
+  absl::Duration connect_timeout = absl::Seconds(5);
+  // A stream whose written batches see no acknowledgement for this long is considered stuck and
+  // replaced.
+  absl::Duration ack_timeout = absl::Seconds(15);
+  // HTTP/2 keepalive pings while a stream is open (never without one: servers refuse that).
+  absl::Duration keepalive_time = absl::Seconds(30);
+  absl::Duration keepalive_timeout = absl::Seconds(10);
+  // nullptr means the system clock.
+  const Clock* clock = nullptr;
+};
+
+struct ShipperStats {
+  uint64_t batches_created_total = 0;
+  // Every write to a stream, first sends and resends alike.
+  uint64_t batches_sent_total = 0;
+  uint64_t batches_resent_total = 0;
+  uint64_t batches_acknowledged_total = 0;
+  // Dropped unacknowledged because the buffer was full.
+  uint64_t batches_dropped_total = 0;
+  uint64_t events_shipped_total = 0;
+  // Dropped before batching because too many were pending.
+  uint64_t events_dropped_total = 0;
+  uint64_t buffered_batches = 0;
+  uint64_t buffered_bytes = 0;
+  uint64_t pending_events = 0;
+  bool connected = false;
+  uint64_t connect_attempts_total = 0;
+  uint64_t connects_total = 0;
+  uint64_t gpu_sample_errors_total = 0;
+  uint64_t host_sample_errors_total = 0;
+  uint64_t last_seq = 0;
+  uint64_t acked_seq = 0;
+};
+
+// The latest readings, for the agent's own /metrics.
+struct NodeSnapshot {
+  v1::NodeInfo node;
+  std::vector<v1::GpuSample> gpus;
+  std::optional<v1::HostSample> host;
+};
+
+// "<node>-<16 hex digits of a hash of the socket path>": stable across restarts, distinct for
+// several agents on one machine.
+std::string MakeAgentId(const std::string& node, const std::string& socket_path);
+// 32 random hex digits.
+std::string MakeBootId();
+
+class Shipper {
+ public:
+  // `gpus` and `host` may be nullptr (nothing of that kind is sampled); they must outlive the
+  // Shipper and are called from one thread at a time.
+  Shipper(const ShipperOptions& options, gpu::GpuSource* gpus, host::HostSampler* host);
+  ~Shipper();
+  Shipper(const Shipper&) = delete;
+  Shipper& operator=(const Shipper&) = delete;
+
+  // Starts the ticker and the stream threads.
+  absl::Status Start();
+
+  // Queues a step event for the next batch. Thread-safe, never blocks on the network.
+  void AddStep(v1::StepEvent&& event);
+
+  // Cuts a batch now, outside the interval schedule (tests and shutdown).
+  void FlushNow();
+
+  // Cuts a last batch, waits up to `flush_timeout` for the collector to acknowledge everything,
+  // then closes the stream and joins the threads. Idempotent.
+  void Stop(absl::Duration flush_timeout = absl::Seconds(2));
+
+  ShipperStats stats() const;
+  NodeSnapshot LatestSamples() const;
+  const std::string& boot_id() const { return boot_id_; }
+
+ private:
+  struct Entry {
+    uint64_t seq = 0;
+    std::shared_ptr<v1::ReportBatch> batch;
+    size_t bytes = 0;
+    bool sent_before = false;
+  };
+
+  void TickerLoop();
+  void StreamLoop();
+  // Runs one stream until it breaks or the shipper stops. True when the collector acknowledged
+  // something on it (the reconnect backoff then starts small again).
+  bool RunStream();
+  bool WaitForChannel();
+  void CutBatches(bool with_samples);
+  void OnAck(const v1::IngestAck& ack);
+  // Sleeps up to `d` unless Stop() is called.
+  void SleepUnlessStopped(absl::Duration d);
+
+  const ShipperOptions options_;
+  const std::string boot_id_;
+  gpu::GpuSource* const gpus_;
+  host::HostSampler* const host_;
+  const SystemClock system_clock_;
+  const Clock* const clock_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Ingest::Stub> stub_;
+
+  // Serializes CutBatches (ticker, FlushNow, Stop): the sources need not be thread-safe.
+  std::mutex cut_mu_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ticker_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<v1::StepEvent> pending_ ABSL_GUARDED_BY(mu_);
+  std::deque<Entry> buffer_ ABSL_GUARDED_BY(mu_);
+  size_t buffered_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t acked_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  // Highest seq written on the current stream; 0 right after (re)connecting.
+  uint64_t written_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  // Set when written batches are waiting for an acknowledgement.
+  std::optional<absl::Time> awaiting_ack_since_ ABSL_GUARDED_BY(mu_);
+  bool stream_broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool acked_on_stream_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  ShipperStats stats_ ABSL_GUARDED_BY(mu_);
+
+  mutable std::mutex sample_mu_;
+  NodeSnapshot latest_ ABSL_GUARDED_BY(sample_mu_);
+
+  std::thread ticker_;
+  std::thread streamer_;
+};
+
+}  // namespace stepwatch::agent

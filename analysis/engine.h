@@ -1,0 +1,224 @@
+// The diagnosis engine: a pure library. Plain structs in, findings and derived figures out.
+// No gRPC, protobuf, Prometheus or threads; deterministic; verdicts are driven by step numbers, and
+// the only notion of time is the `*_unix_nanos` values the caller passes in (never a clock read),
+// so a recording replayed faster than real time gives the same verdicts.
+//
+// Not thread-safe: the caller (the collector) serializes access.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace stepwatch::analysis {
+
+// One rank's report of one step (the StepEvent datagram plus where it came from).
+struct StepSample {
+  std::string job;
+  int rank = 0;
+  int world_size = 0;
+  int64_t step = 0;
+  double step_s = 0;
+  std::optional<double> data_s;
+  std::optional<double> compute_s;
+  std::optional<double> comm_s;
+  std::optional<int64_t> samples;
+  std::optional<int> local_rank;
+  std::optional<int> gpu;
+  std::optional<int> dp_rank;
+  std::optional<int> pp_stage;
+  std::optional<int> tp_rank;
+  // Node of the agent that received it; pid of the sender (0 when unknown).
+  std::string node;
+  int pid = 0;
+  int64_t received_unix_nanos = 0;
+};
+
+// One reading of one GPU on one node.
+struct GpuReading {
+  std::string node;
+  int index = 0;
+  int64_t sampled_unix_nanos = 0;
+  std::optional<double> utilization_ratio;      // NVML utilization.gpu, 0..1
+  std::optional<double> sm_activity_ratio;      // GPM / DCGM SM activity, 0..1
+  std::optional<double> dram_bandwidth_ratio;   // 0..1
+  std::optional<double> tensor_activity_ratio;  // 0..1
+  std::optional<double> sm_clock_mhz;
+  std::optional<double> sm_clock_max_mhz;
+  std::optional<double> power_watts;
+  std::optional<double> power_limit_watts;
+  std::optional<double> temperature_celsius;
+  std::optional<uint64_t> throttle_reasons;  // NVML clocks-throttle-reasons bitmask
+  std::vector<uint32_t> pids;
+};
+
+// One reading of one node's host.
+struct HostReading {
+  std::string node;
+  int64_t sampled_unix_nanos = 0;
+  uint32_t cpu_count = 0;
+  std::optional<double> cpu_utilization_ratio;  // 0..1
+  std::optional<double> memory_bandwidth_bytes_per_second;
+};
+
+enum class FindingKind {
+  kStraggler,
+  kSlowNode,
+  kPipelineImbalance,
+  kUnderutilizedGpu,
+  kIdleGpu,
+  kScalingEfficiency,
+  kRegression,
+  kStall,
+};
+// "straggler", "slow_node", "pipeline_imbalance", "underutilized_gpu", "idle_gpu",
+// "scaling_efficiency", "regression", "stall".
+const char* FindingKindName(FindingKind kind);
+
+enum class Severity { kInfo, kWarning, kCritical };
+const char* SeverityName(Severity severity);  // "info", "warning", "critical"
+
+// Names of the slowdowns in an NVML clocks-throttle-reasons bitmask, e.g. {"thermal throttling"}.
+std::vector<std::string> DecodeThrottleReasons(uint64_t mask);
+
+struct Finding {
+  FindingKind kind = FindingKind::kStraggler;
+  std::string job;   // empty for idle GPUs (no job)
+  int rank = -1;     // -1 when not about one rank
+  std::string node;  // empty when not about one node
+  int gpu = -1;      // -1 when not about one GPU
+  int64_t since_step = 0;
+  int64_t since_unix_nanos = 0;
+  Severity severity = Severity::kWarning;
+  bool persistent = false;
+  // One line for humans, e.g.
+  // "rank 13 on node-2 GPU 5: compute +31% vs median; SM clock 1410 of 1980 MHz, thermal
+  // throttling"
+  std::string summary;
+};
+
+// Shares of the step time, each 0..1, summing to about 1.
+struct TimeBreakdown {
+  double compute = 0;
+  double imbalance = 0;
+  double comm = 0;
+  double data = 0;
+  double other = 0;
+};
+
+// Estimated speed-up (>= 1) if each cause were removed.
+struct WhatIf {
+  double stragglers = 1;
+  double overlap = 1;
+  double data = 1;
+};
+
+struct JobSnapshot {
+  std::string job;
+  int world_size = 0;
+  int ranks_reporting = 0;
+  int64_t last_step = -1;
+  double median_step_s = 0;       // over the recent window of complete steps
+  double steps_per_second = 0;    // 1 / median_step_s, 0 when unknown
+  double samples_per_second = 0;  // summed over ranks; 0 when ranks report no samples
+  double efficiency_ratio = 0;    // ideal / actual step time; 0 when unknown
+  TimeBreakdown breakdown;
+  WhatIf whatif;
+  std::optional<double> scaling_efficiency_ratio;
+  int64_t last_seen_unix_nanos = 0;
+};
+
+struct RankSnapshot {
+  int rank = 0;
+  std::string node;
+  int gpu = -1;
+  int pp_stage = -1;
+  // Medians over the recent window, seconds.
+  double busy_s = 0;
+  double compute_s = 0;
+  double data_s = 0;
+  double comm_s = 0;
+  double busy_vs_median_ratio = 1;  // busy / median busy of the rank's peers
+  bool straggler = false;
+};
+
+struct EngineOptions {
+  // Steps of history kept per job and rank (bounds memory per rank).
+  int window_steps = 64;
+  // A step is complete when all ranks reported or this much later than its first report.
+  int64_t step_grace_nanos = 5'000'000'000;
+  // Underutilization: below `underutil_threshold` for `underutil_window_nanos`.
+  double underutil_threshold = 0.5;
+  int64_t underutil_window_nanos = 30'000'000'000;
+  // Scaling efficiency below this is a finding.
+  double scaling_threshold = 0.8;
+  // A sustained step-time shift of this fraction or more is a regression.
+  double regression_threshold = 0.10;
+  // Stall: no progress for stall_multiple x median step, and at least stall_floor_nanos.
+  double stall_multiple = 10;
+  int64_t stall_floor_nanos = 30'000'000'000;
+  // Limits; AddStep returns ResourceExhausted when one would be exceeded.
+  int max_jobs = 1000;
+  int max_ranks_per_job = 100000;
+
+  // Stragglers: a rank is flagged when, over its last `straggler_window` complete steps, its busy
+  // time exceeds its peers' median by more than the relative margin on average (the margin grows
+  // with the job's own robust noise: straggler_noise_z x MAD-sigma / sqrt(window)), by more than
+  // the absolute margin and the step-fraction margin, and in most of those steps. It clears when
+  // the mean excess falls under half the margin (hysteresis).
+  int straggler_window = 16;
+  double straggler_rel_margin = 0.06;
+  double straggler_abs_margin_s = 0.002;
+  double straggler_step_fraction = 0.02;
+  double straggler_noise_z = 4.5;
+  // Flagged for this many steps: persistent rather than transient.
+  int persistent_steps = 100;
+  // Pipeline imbalance: slowest stage vs the median of the others, flag and clear levels.
+  double pipeline_ratio = 1.25;
+  double pipeline_clear_ratio = 1.15;
+  // Pending (incomplete) steps kept per job; older ones are completed with what they have.
+  int max_pending_steps = 64;
+};
+
+class Engine {
+ public:
+  explicit Engine(EngineOptions options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // InvalidArgument for a sample that breaks the contract; ResourceExhausted when a limit on jobs
+  // or ranks per job is hit (the sample is dropped).
+  absl::Status AddStep(const StepSample& sample);
+  void AddGpu(const GpuReading& reading);
+  void AddHost(const HostReading& reading);
+
+  // Runs the time-driven parts (step grace, stalls, underutilization windows) up to `now`.
+  void Advance(int64_t now_unix_nanos);
+
+  std::vector<JobSnapshot> Jobs() const;
+  std::optional<JobSnapshot> Job(absl::string_view job) const;
+  std::vector<RankSnapshot> Ranks(absl::string_view job) const;
+  // Active findings, ordered by job, kind, rank.
+  std::vector<Finding> Findings() const;
+
+  // Forgets state (expiry by the caller).
+  void RemoveJob(absl::string_view job);
+  void RemoveNode(absl::string_view node);
+
+  // Scaling history (per job name: best throughput per GPU at each world size), kept by the
+  // caller in a state file so that it survives restarts.
+  std::string SerializeScalingHistory() const;
+  absl::Status LoadScalingHistory(absl::string_view data);
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace stepwatch::analysis

@@ -1,0 +1,50 @@
+// A fixed-capacity ring buffer: the bounded per-rank and per-job history of the engine.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+namespace stepwatch::analysis {
+
+template <typename T>
+class Ring {
+ public:
+  explicit Ring(size_t capacity = 1) : buf_(capacity == 0 ? 1 : capacity) {}
+
+  size_t capacity() const { return buf_.size(); }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  bool full() const { return size_ == buf_.size(); }
+
+  // Appends `value`; when full, the oldest element is dropped and returned through `evicted`.
+  bool Push(const T& value, T* evicted = nullptr) {
+    bool dropped = false;
+    if (full()) {
+      if (evicted != nullptr) *evicted = buf_[head_];
+      dropped = true;
+      buf_[head_] = value;
+      head_ = (head_ + 1) % buf_.size();
+    } else {
+      buf_[(head_ + size_) % buf_.size()] = value;
+      ++size_;
+    }
+    return dropped;
+  }
+
+  // i = 0 is the oldest element.
+  const T& operator[](size_t i) const { return buf_[(head_ + i) % buf_.size()]; }
+  T& operator[](size_t i) { return buf_[(head_ + i) % buf_.size()]; }
+  const T& back() const { return (*this)[size_ - 1]; }
+
+  void Clear() {
+    head_ = 0;
+    size_ = 0;
+  }
+
+ private:
+  std::vector<T> buf_;
+  size_t head_ = 0;
+  size_t size_ = 0;
+};
+
+}  // namespace stepwatch::analysis

@@ -1,0 +1,679 @@
+// stepwatch C++ client: reports the timing of every training step to the stepwatch agent.
+//
+// Header-only, C++17, POSIX. No dependency beyond the standard library.
+//
+//   stepwatch::Reporter reporter;  // identity from RANK/WORLD_SIZE/... and $STEPWATCH_SOCKET
+//   for (...) {
+//     stepwatch::StepScope step(reporter, /*samples=*/batch_size);
+//     { stepwatch::PhaseScope p(step, stepwatch::Phase::kData); batch = NextBatch(); }
+//     { stepwatch::PhaseScope p(step, stepwatch::Phase::kCompute); Train(batch); }
+//   }  // the step's event is sent when `step` goes out of scope
+//
+// Each step is one JSON datagram (the stepwatch StepEvent, v1) on the agent's Unix socket. Nothing
+// here throws or blocks the caller: by default events go through a bounded in-memory queue to a
+// sender thread owned by the Reporter, so the caller never makes a system call. When the agent is
+// absent, its queue is full, or the queue here is full, the event is dropped and counted
+// (Reporter::dropped()), and a single warning goes to stderr.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace stepwatch {
+
+inline constexpr char kDefaultSocketPath[] = "/run/stepwatch/agent.sock";
+// The agent rejects larger datagrams.
+inline constexpr size_t kMaxDatagramBytes = 64 * 1024;
+
+// Phases of a step, reported as data_s, compute_s and comm_s.
+enum class Phase : int { kData = 0, kCompute = 1, kComm = 2 };
+
+// One step of one rank, as sent. Absent optionals are left out of the JSON.
+struct StepRecord {
+  int64_t step = 0;     // >= 0
+  double step_s = 0;    // > 0, finite
+  std::optional<double> data_s;     // >= 0, finite
+  std::optional<double> compute_s;  // >= 0, finite
+  std::optional<double> comm_s;     // >= 0, finite
+  std::optional<int64_t> samples;   // >= 0
+};
+
+struct ReporterOptions {
+  // Identity. Unset values (empty / negative) come from the environment when use_environment:
+  // job from STEPWATCH_JOB, TORCHELASTIC_RUN_ID (unless "none"), SLURM_JOB_ID or
+  // MASTER_ADDR+MASTER_PORT; rank from RANK or SLURM_PROCID; world_size from WORLD_SIZE or
+  // SLURM_NTASKS; local_rank from LOCAL_RANK or SLURM_LOCALID. Otherwise rank 0 of 1.
+  std::string job;
+  int rank = -1;
+  int world_size = -1;
+  int local_rank = -1;
+  int gpu = -1;  // NVML index of the rank's GPU
+  int dp_rank = -1;
+  int pp_stage = -1;
+  int tp_rank = -1;
+  // Agent socket; empty: $STEPWATCH_SOCKET, else kDefaultSocketPath.
+  std::string socket_path;
+  bool use_environment = true;
+
+  // Send from an owned thread through a queue of `queue_capacity` events (the caller makes no
+  // system call); false: send inline from Send() (a non-blocking send per event).
+  bool background = true;
+  size_t queue_capacity = 1024;
+  // How long queued events may wait before the sender thread sends them.
+  std::chrono::milliseconds flush_interval{10};
+  // While the agent is unreachable, connecting is retried at most this often.
+  std::chrono::milliseconds reconnect_interval{1000};
+  // Print the one warning about dropped events to stderr.
+  bool warn_on_stderr = true;
+};
+
+class Reporter {
+ public:
+  explicit Reporter(ReporterOptions options = {}) noexcept;
+  // Sends what is still queued (non-blocking sends), then stops the sender thread.
+  ~Reporter();
+  Reporter(const Reporter&) = delete;
+  Reporter& operator=(const Reporter&) = delete;
+
+  // False when the identity was invalid (error() says why): every event is then dropped.
+  bool ok() const noexcept { return error_.empty(); }
+  const std::string& error() const noexcept { return error_; }
+
+  // Queues (or, without a sender thread, sends) one event. Returns false when it was dropped:
+  // invalid values, queue full, agent unreachable (inline mode) or a bad identity.
+  bool Send(const StepRecord& record) noexcept;
+
+  // Waits, at most `timeout`, until every event queued before the call was handed to the kernel
+  // or dropped. True when that happened in time.
+  bool Flush(std::chrono::milliseconds timeout = std::chrono::milliseconds(1000)) noexcept;
+
+  uint64_t sent() const noexcept { return sent_.load(std::memory_order_relaxed); }
+  uint64_t dropped() const noexcept { return dropped_.load(std::memory_order_relaxed); }
+  // Why the last event was dropped ("" when none was).
+  std::string last_error() const;
+
+  const std::string& job() const noexcept { return job_; }
+  int rank() const noexcept { return rank_; }
+  int world_size() const noexcept { return world_size_; }
+  int local_rank() const noexcept { return local_rank_; }
+  const std::string& socket_path() const noexcept { return socket_path_; }
+  bool background() const noexcept { return thread_.joinable(); }
+
+  // Formats `record` as the datagram's JSON into buf[0, capacity). Returns the length, or 0 when
+  // it does not fit. Does not validate.
+  size_t Encode(const StepRecord& record, char* buf, size_t capacity) const noexcept;
+
+  // Step numbering used by StepScope: a counter that follows the last step reported.
+  int64_t next_step() const noexcept { return next_step_.load(std::memory_order_relaxed); }
+
+ private:
+  friend class StepScope;
+
+  void Configure(const ReporterOptions& options);
+  static const char* Validate(const StepRecord& r) noexcept;
+  bool SendNowLocked(const StepRecord& record) noexcept;
+  // The connected socket; -1 after a failed attempt (dropped and counted), -2 while waiting to
+  // retry.
+  int ConnectLocked() noexcept;
+  void Drop(const char* reason, int err) noexcept;
+  void Run() noexcept;
+
+  ReporterOptions options_;
+  std::string error_;
+  std::string job_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  int local_rank_ = -1;
+  std::string socket_path_;
+  std::string prefix_;  // '{"job":...,"rank":..,"world_size":..' plus the static optional fields
+
+  std::atomic<uint64_t> sent_{0};
+  std::atomic<uint64_t> dropped_{0};
+  std::atomic<bool> warned_{false};
+  std::atomic<int64_t> next_step_{0};
+
+  // Socket state; guarded by io_mu_.
+  std::mutex io_mu_;
+  int fd_ = -1;
+  std::chrono::steady_clock::time_point next_connect_{};
+  // Guarded by error_mu_ (a leaf lock: nothing is locked while holding it).
+  mutable std::mutex error_mu_;
+  char last_error_[160] = {0};
+
+  // Queue; guarded by queue_mu_.
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;   // wakes the sender
+  std::condition_variable done_cv_;    // wakes Flush()
+  std::vector<StepRecord> ring_;
+  size_t head_ = 0;
+  size_t size_ = 0;
+  uint64_t enqueued_ = 0;  // events ever queued
+  uint64_t handled_ = 0;   // events ever taken off the queue and sent or dropped
+  bool stop_ = false;
+  bool flush_requested_ = false;
+  std::thread thread_;
+};
+
+class PhaseScope;
+
+// Times one step; sends its event when destroyed (unless Cancel()ed).
+class StepScope {
+ public:
+  // Step number: one more than the previous step this reporter's scopes reported (0 first).
+  explicit StepScope(Reporter& reporter, int64_t samples = -1) noexcept
+      : StepScope(reporter, reporter.next_step(), samples) {}
+  StepScope(Reporter& reporter, int64_t step, int64_t samples) noexcept
+      : reporter_(reporter), step_(step), samples_(samples), start_(Clock::now()) {}
+  ~StepScope();
+  StepScope(const StepScope&) = delete;
+  StepScope& operator=(const StepScope&) = delete;
+
+  void set_samples(int64_t samples) noexcept { samples_ = samples; }
+  // The step failed or is not to be reported.
+  void Cancel() noexcept { cancelled_ = true; }
+  int64_t step() const noexcept { return step_; }
+
+ private:
+  friend class PhaseScope;
+  using Clock = std::chrono::steady_clock;
+
+  Reporter& reporter_;
+  int64_t step_;
+  int64_t samples_;
+  Clock::time_point start_;
+  Clock::duration phase_time_[3] = {};
+  PhaseScope* active_ = nullptr;
+  bool cancelled_ = false;
+};
+
+// Times a phase of a step. Phases nest: an inner phase pauses the outer one, so communication
+// inside compute is not counted as compute.
+class PhaseScope {
+ public:
+  PhaseScope(StepScope& step, Phase phase) noexcept
+      : step_(step), index_(static_cast<int>(phase)), parent_(step.active_) {
+    const auto now = StepScope::Clock::now();
+    if (parent_ != nullptr) step_.phase_time_[parent_->index_] += now - parent_->start_;
+    step_.active_ = this;
+    start_ = now;
+  }
+  ~PhaseScope() {
+    const auto now = StepScope::Clock::now();
+    step_.phase_time_[index_] += now - start_;
+    if (parent_ != nullptr) parent_->start_ = now;
+    step_.active_ = parent_;
+  }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  friend class StepScope;
+
+  StepScope& step_;
+  int index_;
+  PhaseScope* parent_;
+  StepScope::Clock::time_point start_;
+};
+
+// ------------------------------------------------------------------------------------------------
+// Implementation.
+
+namespace client_internal {
+
+// Parses a non-negative decimal int from the environment variable; nullopt when unset or empty;
+// sets *bad when set but not a number.
+inline std::optional<long> EnvInt(const char* name, bool* bad) {
+  const char* raw = std::getenv(name);
+  if (raw == nullptr || *raw == '\0') return std::nullopt;
+  long value = 0;
+  const char* end = raw + std::strlen(raw);
+  auto [ptr, ec] = std::from_chars(raw, end, value);
+  if (ec != std::errc() || ptr != end) {
+    *bad = true;
+    return std::nullopt;
+  }
+  return value;
+}
+
+inline std::string EnvString(const char* name) {
+  const char* raw = std::getenv(name);
+  return raw == nullptr ? std::string() : std::string(raw);
+}
+
+// Appends `s` as a JSON string literal.
+inline void AppendJsonString(const std::string& s, std::string* out) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out->push_back('"');
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        out->append("\\\"");
+        break;
+      case '\\':
+        out->append("\\\\");
+        break;
+      case '\n':
+        out->append("\\n");
+        break;
+      case '\t':
+        out->append("\\t");
+        break;
+      case '\r':
+        out->append("\\r");
+        break;
+      default:
+        if (c < 0x20) {
+          out->append("\\u00");
+          out->push_back(kHex[c >> 4]);
+          out->push_back(kHex[c & 0xf]);
+        } else {
+          out->push_back(static_cast<char>(c));
+        }
+    }
+  }
+  out->push_back('"');
+}
+
+// Bounded writer into a caller's buffer; `ok` turns false once something did not fit.
+struct Writer {
+  char* p;
+  char* end;
+  bool ok = true;
+
+  void Raw(const char* s, size_t n) noexcept {
+    if (!ok || static_cast<size_t>(end - p) < n) {
+      ok = false;
+      return;
+    }
+    std::memcpy(p, s, n);
+    p += n;
+  }
+  template <size_t N>
+  void Lit(const char (&s)[N]) noexcept {
+    Raw(s, N - 1);
+  }
+  void Int(int64_t v) noexcept {
+    if (!ok) return;
+    auto r = std::to_chars(p, end, v);
+    if (r.ec != std::errc()) {
+      ok = false;
+      return;
+    }
+    p = r.ptr;
+  }
+  // Shortest round-trip form ("0.25", "1e-05"): valid JSON for finite values.
+  void Double(double v) noexcept {
+    if (!ok) return;
+    auto r = std::to_chars(p, end, v);
+    if (r.ec != std::errc()) {
+      ok = false;
+      return;
+    }
+    p = r.ptr;
+  }
+};
+
+inline bool ValidDuration(const std::optional<double>& d) {
+  return !d.has_value() || (std::isfinite(*d) && *d >= 0);
+}
+
+}  // namespace client_internal
+
+inline Reporter::Reporter(ReporterOptions options) noexcept : options_(std::move(options)) {
+  try {
+    Configure(options_);
+  } catch (...) {
+    error_ = "cannot configure the stepwatch reporter (out of memory)";
+  }
+  if (!error_.empty()) {
+    Drop(error_.c_str(), 0);
+    dropped_.store(0);  // the warning is out; nothing was dropped yet
+    return;
+  }
+  if (options_.background) {
+    try {
+      ring_.resize(options_.queue_capacity > 0 ? options_.queue_capacity : 1);
+      thread_ = std::thread([this] { Run(); });
+    } catch (...) {
+      ring_.clear();  // no thread: send inline
+    }
+  }
+}
+
+inline Reporter::~Reporter() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      stop_ = true;
+    }
+    queue_cv_.notify_one();
+    thread_.join();
+  }
+  std::lock_guard<std::mutex> lock(io_mu_);
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+inline void Reporter::Configure(const ReporterOptions& o) {
+  using client_internal::EnvInt;
+  using client_internal::EnvString;
+  bool bad = false;
+  const bool env = o.use_environment;
+  auto first_int = [&](const char* a, const char* b) -> std::optional<long> {
+    if (!env) return std::nullopt;
+    bool bad_a = false;
+    auto v = EnvInt(a, &bad_a);
+    if (bad_a) {
+      bad = true;
+      error_ = std::string("environment variable ") + a + " is not an integer";
+      return std::nullopt;
+    }
+    if (v) return v;
+    bool bad_b = false;
+    v = EnvInt(b, &bad_b);
+    if (bad_b) {
+      bad = true;
+      error_ = std::string("environment variable ") + b + " is not an integer";
+    }
+    return v;
+  };
+
+  long rank = o.rank;
+  long world = o.world_size;
+  long local_rank = o.local_rank;
+  if (rank < 0) rank = first_int("RANK", "SLURM_PROCID").value_or(0);
+  if (bad) return;
+  if (world < 0) world = first_int("WORLD_SIZE", "SLURM_NTASKS").value_or(1);
+  if (bad) return;
+  if (local_rank < 0) local_rank = first_int("LOCAL_RANK", "SLURM_LOCALID").value_or(-1);
+  if (bad) return;
+  if (world < 1 || world > INT32_MAX) {
+    error_ = "world_size must be >= 1, got " + std::to_string(world);
+    return;
+  }
+  if (rank < 0 || rank >= world) {
+    error_ = "rank " + std::to_string(rank) + " is not below world_size " + std::to_string(world);
+    return;
+  }
+
+  std::string job = o.job;
+  if (job.empty() && env) {
+    job = EnvString("STEPWATCH_JOB");
+    if (job.empty()) {
+      std::string run_id = EnvString("TORCHELASTIC_RUN_ID");
+      if (run_id != "none") job = run_id;
+    }
+    if (job.empty()) {
+      std::string slurm = EnvString("SLURM_JOB_ID");
+      if (!slurm.empty()) job = "slurm-" + slurm;
+    }
+    if (job.empty()) {
+      std::string addr = EnvString("MASTER_ADDR");
+      std::string port = EnvString("MASTER_PORT");
+      if (!addr.empty() && !port.empty()) job = "torch-" + addr + "-" + port;
+    }
+  }
+  if (job.empty()) {
+    if (world > 1) {
+      error_ = "cannot tell the job id of a " + std::to_string(world) +
+               "-rank job: set STEPWATCH_JOB or ReporterOptions::job";
+      return;
+    }
+    char host[256] = {0};
+    if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown");
+    job = std::string("local-") + host + "-" + std::to_string(::getpid());
+  }
+
+  std::string path = o.socket_path;
+  if (path.empty() && env) path = EnvString("STEPWATCH_SOCKET");
+  if (path.empty()) path = kDefaultSocketPath;
+  if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+    error_ = "socket path is too long: " + path;
+    return;
+  }
+
+  job_ = job;
+  rank_ = static_cast<int>(rank);
+  world_size_ = static_cast<int>(world);
+  local_rank_ = static_cast<int>(local_rank);
+  socket_path_ = path;
+
+  prefix_ = "{\"job\":";
+  client_internal::AppendJsonString(job_, &prefix_);
+  prefix_ += ",\"rank\":" + std::to_string(rank_) + ",\"world_size\":" + std::to_string(world_size_);
+  const std::pair<const char*, int> optional_fields[] = {
+      {"local_rank", local_rank_}, {"gpu", o.gpu},           {"dp_rank", o.dp_rank},
+      {"pp_stage", o.pp_stage},    {"tp_rank", o.tp_rank},
+  };
+  for (const auto& [name, value] : optional_fields) {
+    if (value >= 0) prefix_ += std::string(",\"") + name + "\":" + std::to_string(value);
+  }
+  if (prefix_.size() > kMaxDatagramBytes / 2) error_ = "job id is too long";
+}
+
+inline const char* Reporter::Validate(const StepRecord& r) noexcept {
+  if (r.step < 0) return "invalid step event: step < 0";
+  if (!(std::isfinite(r.step_s) && r.step_s > 0)) return "invalid step event: step_s must be > 0";
+  if (!client_internal::ValidDuration(r.data_s) || !client_internal::ValidDuration(r.compute_s) ||
+      !client_internal::ValidDuration(r.comm_s)) {
+    return "invalid step event: a phase duration is negative or not finite";
+  }
+  if (r.samples && *r.samples < 0) return "invalid step event: samples < 0";
+  return nullptr;
+}
+
+inline size_t Reporter::Encode(const StepRecord& r, char* buf, size_t capacity) const noexcept {
+  client_internal::Writer w{buf, buf + capacity};
+  w.Raw(prefix_.data(), prefix_.size());
+  w.Lit(",\"step\":");
+  w.Int(r.step);
+  w.Lit(",\"step_s\":");
+  w.Double(r.step_s);
+  if (r.data_s) {
+    w.Lit(",\"data_s\":");
+    w.Double(*r.data_s);
+  }
+  if (r.compute_s) {
+    w.Lit(",\"compute_s\":");
+    w.Double(*r.compute_s);
+  }
+  if (r.comm_s) {
+    w.Lit(",\"comm_s\":");
+    w.Double(*r.comm_s);
+  }
+  if (r.samples) {
+    w.Lit(",\"samples\":");
+    w.Int(*r.samples);
+  }
+  w.Lit("}");
+  return w.ok ? static_cast<size_t>(w.p - buf) : 0;
+}
+
+inline bool Reporter::Send(const StepRecord& record) noexcept {
+  if (!ok()) {
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  if (const char* invalid = Validate(record)) {
+    Drop(invalid, 0);
+    return false;
+  }
+  if (!thread_.joinable()) {
+    std::lock_guard<std::mutex> lock(io_mu_);
+    return SendNowLocked(record);
+  }
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (size_ == ring_.size()) {
+      if (warned_.load(std::memory_order_relaxed)) {
+        // Hot path of a stalled sender: count, format nothing.
+        dropped_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        Drop("the stepwatch client's queue is full", 0);
+      }
+      return false;
+    }
+    ring_[(head_ + size_) % ring_.size()] = record;
+    ++size_;
+    ++enqueued_;
+    wake = size_ == ring_.size() / 2 + 1;
+  }
+  if (wake) queue_cv_.notify_one();  // half full: send before the periodic flush
+  return true;
+}
+
+inline bool Reporter::Flush(std::chrono::milliseconds timeout) noexcept {
+  if (!thread_.joinable()) return true;
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  const uint64_t target = enqueued_;
+  flush_requested_ = true;
+  queue_cv_.notify_one();
+  return done_cv_.wait_for(lock, timeout, [&] { return handled_ >= target; });
+}
+
+inline std::string Reporter::last_error() const {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  return last_error_;
+}
+
+inline void Reporter::Run() noexcept {
+  std::vector<StepRecord> batch;
+  batch.reserve(ring_.size());
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  while (true) {
+    queue_cv_.wait_for(lock, options_.flush_interval, [&] {
+      return stop_ || flush_requested_ || size_ > ring_.size() / 2;
+    });
+    flush_requested_ = false;
+    batch.clear();
+    for (; size_ > 0; --size_) {
+      batch.push_back(ring_[head_]);
+      head_ = (head_ + 1) % ring_.size();
+    }
+    const bool stopping = stop_;
+    lock.unlock();
+    if (!batch.empty()) {
+      std::lock_guard<std::mutex> io(io_mu_);
+      for (const StepRecord& r : batch) SendNowLocked(r);
+    }
+    lock.lock();
+    handled_ += batch.size();
+    done_cv_.notify_all();
+    if (stopping && size_ == 0) return;
+  }
+}
+
+inline int Reporter::ConnectLocked() noexcept {
+  if (fd_ >= 0) return fd_;
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_connect_) return -2;
+  next_connect_ = now + options_.reconnect_interval;
+  int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    Drop("cannot create a socket", errno);
+    return -1;
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, socket_path_.data(), socket_path_.size());
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    Drop("cannot reach the stepwatch agent", err);
+    return -1;
+  }
+  fd_ = fd;
+  return fd_;
+}
+
+inline bool Reporter::SendNowLocked(const StepRecord& record) noexcept {
+  char buf[4096];
+  const size_t n = Encode(record, buf, sizeof(buf));
+  if (n == 0) {
+    Drop("step event does not fit in a datagram", 0);
+    return false;
+  }
+  const int fd = ConnectLocked();
+  if (fd == -2) {
+    dropped_.fetch_add(1, std::memory_order_relaxed);  // the failed attempt recorded the reason
+    return false;
+  }
+  if (fd < 0) return false;
+  if (::send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(n)) {
+    sent_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  const int err = errno;
+  if (err == ECONNREFUSED || err == ENOTCONN || err == ENOENT || err == EBADF ||
+      err == EDESTADDRREQ) {
+    // The agent went away or restarted: connect again on the next event.
+    ::close(fd_);
+    fd_ = -1;
+    next_connect_ = {};
+  }
+  Drop("sending to the stepwatch agent failed", err);
+  return false;
+}
+
+inline void Reporter::Drop(const char* reason, int err) noexcept {
+  dropped_.fetch_add(1, std::memory_order_relaxed);
+  if (warned_.load(std::memory_order_relaxed) && err == EAGAIN) return;  // hot path: agent busy
+  char message[sizeof(last_error_)];
+  if (err != 0) {
+    std::snprintf(message, sizeof(message), "%s at %s: %s", reason, socket_path_.c_str(),
+                  std::strerror(err));
+  } else {
+    std::snprintf(message, sizeof(message), "%s", reason);
+  }
+  {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    std::memcpy(last_error_, message, sizeof(message));
+  }
+  if (!warned_.exchange(true) && options_.warn_on_stderr) {
+    std::fprintf(stderr,
+                 "stepwatch: %s; step events are dropped (counted in Reporter::dropped()) until "
+                 "it works. This warning is not repeated.\n",
+                 message);
+  }
+}
+
+inline StepScope::~StepScope() {
+  if (cancelled_) return;
+  const auto end = Clock::now();
+  if (active_ != nullptr) {
+    // A phase still open (scopes destroyed out of order): count it up to now.
+    phase_time_[active_->index_] += end - active_->start_;
+    active_->start_ = end;
+  }
+  auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  StepRecord r;
+  r.step = step_;
+  r.step_s = seconds(end - start_);
+  if (phase_time_[0].count() > 0) r.data_s = seconds(phase_time_[0]);
+  if (phase_time_[1].count() > 0) r.compute_s = seconds(phase_time_[1]);
+  if (phase_time_[2].count() > 0) r.comm_s = seconds(phase_time_[2]);
+  if (samples_ >= 0) r.samples = samples_;
+  reporter_.next_step_.store(step_ + 1, std::memory_order_relaxed);
+  reporter_.Send(r);
+}
+
+}  // namespace stepwatch

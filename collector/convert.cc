@@ -1,0 +1,105 @@
+#include "collector/convert.h"
+
+namespace stepwatch::collector {
+
+analysis::StepSample ToStepSample(const v1::StepEvent& e, const std::string& node,
+                                  int64_t default_received_unix_nanos) {
+  analysis::StepSample s;
+  FillStepSample(e, node, default_received_unix_nanos, &s);
+  return s;
+}
+
+void FillStepSample(const v1::StepEvent& e, const std::string& node,
+                    int64_t default_received_unix_nanos, analysis::StepSample* out) {
+  analysis::StepSample& s = *out;
+  s.job = e.job();
+  s.rank = e.rank();
+  s.world_size = e.world_size();
+  s.step = e.step();
+  s.step_s = e.step_s();
+  s.data_s = e.has_data_s() ? std::optional<double>(e.data_s()) : std::nullopt;
+  s.compute_s = e.has_compute_s() ? std::optional<double>(e.compute_s()) : std::nullopt;
+  s.comm_s = e.has_comm_s() ? std::optional<double>(e.comm_s()) : std::nullopt;
+  s.samples = e.has_samples() ? std::optional<int64_t>(e.samples()) : std::nullopt;
+  s.local_rank = e.has_local_rank() ? std::optional<int>(e.local_rank()) : std::nullopt;
+  s.gpu = e.has_gpu() ? std::optional<int>(e.gpu()) : std::nullopt;
+  s.dp_rank = e.has_dp_rank() ? std::optional<int>(e.dp_rank()) : std::nullopt;
+  s.pp_stage = e.has_pp_stage() ? std::optional<int>(e.pp_stage()) : std::nullopt;
+  s.tp_rank = e.has_tp_rank() ? std::optional<int>(e.tp_rank()) : std::nullopt;
+  s.node = node;
+  s.pid = e.pid();
+  s.received_unix_nanos =
+      e.received_unix_nanos() != 0 ? e.received_unix_nanos() : default_received_unix_nanos;
+}
+
+analysis::GpuReading ToGpuReading(const v1::GpuSample& g, const std::string& node) {
+  analysis::GpuReading r;
+  r.node = node;
+  r.index = g.index();
+  r.sampled_unix_nanos = g.sampled_unix_nanos();
+  if (g.has_utilization_gpu_ratio()) r.utilization_ratio = g.utilization_gpu_ratio();
+  if (g.has_sm_activity_ratio()) r.sm_activity_ratio = g.sm_activity_ratio();
+  if (g.has_dram_bandwidth_ratio()) r.dram_bandwidth_ratio = g.dram_bandwidth_ratio();
+  if (g.has_tensor_activity_ratio()) r.tensor_activity_ratio = g.tensor_activity_ratio();
+  if (g.has_sm_clock_mhz()) r.sm_clock_mhz = g.sm_clock_mhz();
+  if (g.has_sm_clock_max_mhz()) r.sm_clock_max_mhz = g.sm_clock_max_mhz();
+  if (g.has_power_watts()) r.power_watts = g.power_watts();
+  if (g.has_power_limit_watts()) r.power_limit_watts = g.power_limit_watts();
+  if (g.has_temperature_celsius()) r.temperature_celsius = g.temperature_celsius();
+  if (g.has_throttle_reasons()) r.throttle_reasons = g.throttle_reasons();
+  r.pids.assign(g.pids().begin(), g.pids().end());
+  return r;
+}
+
+analysis::HostReading ToHostReading(const v1::HostSample& h, const std::string& node) {
+  analysis::HostReading r;
+  r.node = node;
+  r.sampled_unix_nanos = h.sampled_unix_nanos();
+  r.cpu_count = h.cpu_count();
+  if (h.has_cpu_utilization_ratio()) r.cpu_utilization_ratio = h.cpu_utilization_ratio();
+  if (h.has_memory_bandwidth_bytes_per_second()) {
+    r.memory_bandwidth_bytes_per_second = h.memory_bandwidth_bytes_per_second();
+  }
+  return r;
+}
+
+void ToProto(const analysis::Finding& f, v1::Finding* out) {
+  out->set_kind(analysis::FindingKindName(f.kind));
+  out->set_job(f.job);
+  out->set_rank(f.rank);
+  out->set_node(f.node);
+  out->set_gpu(f.gpu);
+  out->set_since_step(f.since_step);
+  out->set_severity(analysis::SeverityName(f.severity));
+  out->set_summary(f.summary);
+  out->set_since_unix_nanos(f.since_unix_nanos);
+  out->set_persistent(f.persistent);
+}
+
+void ToProto(const analysis::JobSnapshot& j, int finding_count, v1::JobStatus* out) {
+  out->set_job(j.job);
+  out->set_world_size(j.world_size);
+  out->set_ranks_reporting(j.ranks_reporting);
+  out->set_last_step(j.last_step);
+  out->set_step_seconds(j.median_step_s);
+  out->set_steps_per_second(j.steps_per_second);
+  out->set_samples_per_second(j.samples_per_second);
+  out->set_efficiency_ratio(j.efficiency_ratio);
+  out->set_finding_count(finding_count);
+  out->set_last_seen_unix_nanos(j.last_seen_unix_nanos);
+}
+
+void ToProto(const analysis::RankSnapshot& r, v1::RankRow* out) {
+  out->set_rank(r.rank);
+  out->set_node(r.node);
+  out->set_gpu(r.gpu);
+  out->set_busy_seconds(r.busy_s);
+  out->set_compute_seconds(r.compute_s);
+  out->set_data_seconds(r.data_s);
+  out->set_comm_seconds(r.comm_s);
+  out->set_busy_vs_median_ratio(r.busy_vs_median_ratio);
+  out->set_straggler(r.straggler);
+  out->set_pp_stage(r.pp_stage);
+}
+
+}  // namespace stepwatch::collector

@@ -1,0 +1,164 @@
+#include "collector/server.h"
+
+#include <chrono>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "collector/state_file.h"
+#include "common/log.h"
+#include "common/net.h"
+#include "common/status_macros.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "prometheus/exposer.h"
+
+namespace stepwatch::collector {
+namespace {
+
+constexpr char kStateFileName[] = "scaling_history";
+
+// gRPC and civetweb both want IPv6 hosts in brackets; ":PORT" means every interface.
+std::string JoinHostPort(const HostPort& hp) {
+  std::string host = hp.host.empty() ? "0.0.0.0" : hp.host;
+  if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
+  return absl::StrCat(host, ":", hp.port);
+}
+
+}  // namespace
+
+CollectorServer::CollectorServer(CollectorServerOptions options, const Clock* clock)
+    : options_(std::move(options)), clock_(clock) {}
+
+absl::StatusOr<std::unique_ptr<CollectorServer>> CollectorServer::Start(
+    CollectorServerOptions options, const Clock* clock) {
+  std::unique_ptr<CollectorServer> server(new CollectorServer(std::move(options), clock));
+  absl::Status st = server->Init();
+  if (!st.ok()) {
+    server->Shutdown(0);
+    return st;
+  }
+  return server;
+}
+
+std::string CollectorServer::StatePath() const {
+  return options_.state_dir.empty() ? "" : absl::StrCat(options_.state_dir, "/", kStateFileName);
+}
+
+absl::Status CollectorServer::Init() {
+  state_ = std::make_unique<CollectorState>(options_.state, clock_);
+
+  if (!options_.state_dir.empty()) {
+    absl::StatusOr<std::string> data = ReadWholeFile(StatePath());
+    if (data.ok()) {
+      absl::Status st = state_->LoadScalingHistory(*data);
+      if (!st.ok()) {
+        // A damaged history must not keep the collector down; it starts afresh and says so.
+        SW_LOG_WARNING << "ignoring state file " << StatePath() << ": " << st;
+      } else {
+        SW_LOG_INFO << "loaded scaling history from " << StatePath();
+      }
+    } else if (!absl::IsNotFound(data.status())) {
+      return data.status();
+    }
+  }
+
+  SW_ASSIGN_OR_RETURN(HostPort grpc_hp, ParseHostPort(options_.grpc_listen));
+  ingest_ = std::make_unique<IngestService>(state_.get());
+  query_ = std::make_unique<QueryService>(state_.get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(JoinHostPort(grpc_hp), grpc::InsecureServerCredentials(), &grpc_port_);
+  builder.RegisterService(ingest_.get());
+  builder.RegisterService(query_.get());
+  // Without this a second collector on the same port would silently share it.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  builder.SetMaxSendMessageSize(options_.max_message_bytes);
+  // Agents ping to keep their long-lived stream alive through idle periods; accept pings every
+  // 5 s or slower, even without data, instead of answering them with GOAWAY.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Our own pings find agents that vanished without closing their stream.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || grpc_port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen for gRPC on ", options_.grpc_listen));
+  }
+  SW_LOG_INFO << "gRPC listening on " << grpc_hp.host << ":" << grpc_port_
+              << " (Ingest, Query, health)";
+
+  if (!options_.metrics_listen.empty()) {
+    SW_ASSIGN_OR_RETURN(HostPort metrics_hp, ParseHostPort(options_.metrics_listen));
+    try {
+      exposer_ = std::make_unique<prometheus::Exposer>(JoinHostPort(metrics_hp), 2);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen for /metrics on ", options_.metrics_listen, ": ", e.what()));
+    }
+    collectable_ = std::make_shared<StateCollectable>(state_.get(), options_.metrics);
+    exposer_->RegisterCollectable(collectable_);
+    const std::vector<int> ports = exposer_->GetListeningPorts();
+    metrics_port_ = ports.empty() ? 0 : ports.front();
+    SW_LOG_INFO << "metrics listening on " << metrics_hp.host << ":" << metrics_port_ << "/metrics";
+  }
+
+  ticker_ = std::thread([this] { TickerLoop(); });
+  started_ = true;
+  return absl::OkStatus();
+}
+
+void CollectorServer::TickerLoop() {
+  const auto tick = std::chrono::nanoseconds(options_.tick_nanos);
+  auto next_save =
+      std::chrono::steady_clock::now() + std::chrono::nanoseconds(options_.save_interval_nanos);
+  std::unique_lock<std::mutex> lock(ticker_mu_);
+  while (!stopping_) {
+    if (ticker_cv_.wait_for(lock, tick, [this] { return stopping_; })) break;
+    lock.unlock();
+    state_->Tick();
+    if (std::chrono::steady_clock::now() >= next_save) {
+      next_save += std::chrono::nanoseconds(options_.save_interval_nanos);
+      absl::Status st = SaveState();
+      if (!st.ok()) SW_LOG_WARNING << "cannot save state: " << st;
+    }
+    lock.lock();
+  }
+}
+
+absl::Status CollectorServer::SaveState() {
+  // A collector that never started must not overwrite the file it could not use.
+  if (options_.state_dir.empty() || !started_) return absl::OkStatus();
+  absl::Status st = WriteFileAtomically(StatePath(), state_->SerializeScalingHistory());
+  if (!st.ok()) state_->CountStateSaveError();
+  return st;
+}
+
+void CollectorServer::Shutdown(int64_t grace_nanos) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::nanoseconds(grace_nanos));
+  }
+  {
+    std::lock_guard<std::mutex> lock(ticker_mu_);
+    stopping_ = true;
+  }
+  ticker_cv_.notify_all();
+  if (ticker_.joinable()) ticker_.join();
+  // Scrapes read the state: stop them before the state can go away. (The HTTP server polls its
+  // listener every 2 s, so this can take that long.)
+  exposer_.reset();
+  absl::Status st = SaveState();
+  if (!st.ok()) {
+    SW_LOG_WARNING << "cannot save state at shutdown: " << st;
+  } else if (!options_.state_dir.empty()) {
+    SW_LOG_INFO << "saved scaling history to " << StatePath();
+  }
+}
+
+CollectorServer::~CollectorServer() { Shutdown(); }
+
+}  // namespace stepwatch::collector

@@ -1,0 +1,303 @@
+#include "collector/state.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "collector/convert.h"
+#include "common/log.h"
+
+namespace stepwatch::collector {
+namespace {
+
+analysis::EngineOptions EngineOptionsWithLimits(const CollectorStateOptions& o) {
+  analysis::EngineOptions e = o.engine;
+  // The collector checks these limits itself first (to count them by name); the engine's own
+  // check is a backstop.
+  e.max_jobs = o.max_jobs;
+  e.max_ranks_per_job = o.max_ranks_per_job;
+  return e;
+}
+
+}  // namespace
+
+CollectorState::CollectorState(CollectorStateOptions options, const Clock* clock)
+    : options_(std::move(options)),
+      clock_(clock),
+      engine_(EngineOptionsWithLimits(options_)),
+      deduper_(options_.dedupe) {}
+
+void CollectorState::CountIngestError() {
+  absl::MutexLock lock(&mu_);
+  ++counters_.ingest_errors;
+}
+
+void CollectorState::CountStateSaveError() {
+  absl::MutexLock lock(&mu_);
+  ++counters_.state_save_errors;
+}
+
+bool CollectorState::AdmitStep(const v1::StepEvent& event, int64_t now) {
+  if (event.world_size() > options_.max_ranks_per_job) {
+    ++counters_.limit_hits["ranks_per_job"];
+    return false;
+  }
+  auto it = jobs_.find(event.job());
+  if (it == jobs_.end()) {
+    if (static_cast<int>(jobs_.size()) >= options_.max_jobs) {
+      ++counters_.limit_hits["jobs"];
+      return false;
+    }
+    it = jobs_.emplace(event.job(), JobTrack{}).first;
+  }
+  JobTrack& job = it->second;
+  if (!job.ranks.contains(event.rank())) {
+    if (static_cast<int>(job.ranks.size()) >= options_.max_ranks_per_job) {
+      ++counters_.limit_hits["ranks_per_job"];
+      return false;
+    }
+    job.ranks.insert(event.rank());
+  }
+  job.last_seen_unix_nanos = now;
+  return true;
+}
+
+CollectorState::NodeTrack* CollectorState::TouchNode(const v1::ReportBatch& batch, int64_t now) {
+  const std::string& name = batch.node().node().empty() ? batch.agent_id() : batch.node().node();
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) {
+    if (static_cast<int>(nodes_.size()) >= options_.max_nodes) {
+      ++counters_.limit_hits["nodes"];
+      return nullptr;
+    }
+    it = nodes_.emplace(name, NodeTrack{}).first;
+    it->second.view.node = name;
+    SW_LOG_INFO << "new node " << name << " (agent " << batch.agent_id() << ", NVML "
+                << (batch.node().nvml_available() ? "available" : "unavailable") << ")";
+  }
+  NodeTrack& n = it->second;
+  if (n.view.agent_id != batch.agent_id()) {
+    if (!n.view.agent_id.empty()) {
+      // Two agents claiming one node name would interleave their series; say so once per switch.
+      SW_LOG_WARNING << "node " << name << " now reported by agent " << batch.agent_id() << " (was "
+                     << n.view.agent_id << ")";
+    }
+    n.view.agent_id = batch.agent_id();
+  }
+  if (batch.has_node()) n.view.info = batch.node();
+  n.view.last_seen_unix_nanos = now;
+  return &n;
+}
+
+absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch) {
+  if (batch.agent_id().empty() || batch.boot_id().empty() || batch.seq() == 0) {
+    CountIngestError();
+    return absl::InvalidArgumentError("ReportBatch needs agent_id, boot_id and seq >= 1");
+  }
+  const int64_t now = clock_->NowUnixNanos();
+  absl::MutexLock lock(&mu_);
+  ++counters_.batches_received;
+  const BatchDeduper::Result dedupe =
+      deduper_.Observe(batch.agent_id(), batch.boot_id(), batch.seq(), batch.base_seq());
+  v1::IngestAck ack;
+  ack.set_boot_id(batch.boot_id());
+  ack.set_acked_seq(dedupe.acked_seq);
+  if (dedupe.duplicate) {
+    ++counters_.duplicate_batches;
+    return ack;
+  }
+
+  NodeTrack* node = TouchNode(batch, now);
+  const std::string& node_name =
+      batch.node().node().empty() ? batch.agent_id() : batch.node().node();
+
+  for (const v1::StepEvent& event : batch.steps()) {
+    ++counters_.steps_received;
+    if (!AdmitStep(event, now)) {
+      ++counters_.steps_rejected["limit"];
+      continue;
+    }
+    FillStepSample(event, node_name, now, &scratch_step_);
+    absl::Status st = engine_.AddStep(scratch_step_);
+    if (!st.ok()) {
+      ++counters_.steps_rejected[absl::IsResourceExhausted(st) ? "limit" : "invalid"];
+    }
+  }
+
+  counters_.gpu_samples_received += batch.gpus_size();
+  if (node != nullptr) {
+    for (const v1::GpuSample& gpu : batch.gpus()) {
+      auto slot = node->gpu_slot.find(gpu.index());
+      if (slot == node->gpu_slot.end()) {
+        if (static_cast<int>(node->gpu_slot.size()) >= options_.max_gpus_per_node) {
+          ++counters_.limit_hits["gpus_per_node"];
+          continue;
+        }
+        // Keep the GPUs ordered by index: insert and renumber the slots.
+        auto pos =
+            std::lower_bound(node->view.gpus.begin(), node->view.gpus.end(), gpu.index(),
+                             [](const v1::GpuSample& g, int index) { return g.index() < index; });
+        node->view.gpus.insert(pos, gpu);
+        node->gpu_slot.clear();
+        for (size_t i = 0; i < node->view.gpus.size(); ++i) {
+          node->gpu_slot[node->view.gpus[i].index()] = i;
+        }
+      } else {
+        node->view.gpus[slot->second] = gpu;
+      }
+      engine_.AddGpu(ToGpuReading(gpu, node_name));
+    }
+    if (batch.has_host()) {
+      ++counters_.host_samples_received;
+      node->view.host = batch.host();
+      engine_.AddHost(ToHostReading(batch.host(), node_name));
+    }
+  } else if (batch.has_host()) {
+    ++counters_.host_samples_received;
+  }
+  return ack;
+}
+
+void CollectorState::Tick() {
+  const int64_t now = clock_->NowUnixNanos();
+  const int64_t cutoff = now - options_.expire_nanos;
+  absl::MutexLock lock(&mu_);
+  engine_.Advance(now);
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    if (it->second.last_seen_unix_nanos < cutoff) {
+      SW_LOG_INFO << "job " << it->first << " unseen for " << options_.expire_nanos / 1'000'000'000
+                  << " s: forgetting it";
+      engine_.RemoveJob(it->first);
+      ++counters_.expired["job"];
+      jobs_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = nodes_.begin(); it != nodes_.end();) {
+    if (it->second.view.last_seen_unix_nanos < cutoff) {
+      SW_LOG_INFO << "node " << it->first << " unseen for " << options_.expire_nanos / 1'000'000'000
+                  << " s: forgetting it";
+      engine_.RemoveNode(it->first);
+      deduper_.ForgetAgent(it->second.view.agent_id);
+      ++counters_.expired["node"];
+      it = nodes_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+v1::StatusResponse CollectorState::Status() const {
+  v1::StatusResponse out;
+  absl::MutexLock lock(&mu_);
+  const std::vector<analysis::Finding> findings = engine_.Findings();
+  absl::flat_hash_map<std::string, int> per_job;
+  for (const auto& f : findings) ++per_job[f.job];
+  for (const analysis::JobSnapshot& job : engine_.Jobs()) {
+    auto it = per_job.find(job.job);
+    ToProto(job, it == per_job.end() ? 0 : it->second, out.add_jobs());
+  }
+  for (const auto& [name, track] : nodes_) {
+    const NodeView& n = track.view;
+    v1::NodeStatus* ns = out.add_nodes();
+    ns->set_node(n.node);
+    ns->set_agent_id(n.agent_id);
+    ns->set_last_seen_unix_nanos(n.last_seen_unix_nanos);
+    ns->set_nvml_available(n.info.nvml_available());
+    ns->set_nvml_error(n.info.nvml_error());
+    if (n.host.has_value() && n.host->has_cpu_utilization_ratio()) {
+      ns->set_cpu_utilization_ratio(n.host->cpu_utilization_ratio());
+    }
+    for (const v1::GpuSample& g : n.gpus) {
+      v1::GpuStatus* gs = ns->add_gpus();
+      gs->set_index(g.index());
+      gs->set_name(g.name());
+      if (g.has_utilization_gpu_ratio()) gs->set_utilization_gpu_ratio(g.utilization_gpu_ratio());
+      if (g.has_sm_activity_ratio()) gs->set_sm_activity_ratio(g.sm_activity_ratio());
+      if (g.has_memory_used_bytes()) gs->set_memory_used_bytes(g.memory_used_bytes());
+      if (g.has_memory_total_bytes()) gs->set_memory_total_bytes(g.memory_total_bytes());
+      *gs->mutable_pids() = g.pids();
+    }
+  }
+  return out;
+}
+
+v1::FindingsResponse CollectorState::Findings(absl::string_view job) const {
+  v1::FindingsResponse out;
+  absl::MutexLock lock(&mu_);
+  for (const analysis::Finding& f : engine_.Findings()) {
+    if (!job.empty() && f.job != job) continue;
+    ToProto(f, out.add_findings());
+  }
+  return out;
+}
+
+absl::StatusOr<v1::ExplainResponse> CollectorState::Explain(absl::string_view job) const {
+  v1::ExplainResponse out;
+  absl::MutexLock lock(&mu_);
+  std::optional<analysis::JobSnapshot> snap = engine_.Job(job);
+  if (!snap.has_value()) return absl::NotFoundError(absl::StrCat("no job named \"", job, "\""));
+  int count = 0;
+  for (const analysis::Finding& f : engine_.Findings()) {
+    if (f.job != job) continue;
+    ++count;
+    ToProto(f, out.add_findings());
+  }
+  ToProto(*snap, count, out.mutable_job());
+  auto& tr = *out.mutable_time_ratio();
+  tr["compute"] = snap->breakdown.compute;
+  tr["imbalance"] = snap->breakdown.imbalance;
+  tr["comm"] = snap->breakdown.comm;
+  tr["data"] = snap->breakdown.data;
+  tr["other"] = snap->breakdown.other;
+  auto& wi = *out.mutable_whatif_speedup_ratio();
+  wi["stragglers"] = snap->whatif.stragglers;
+  wi["overlap"] = snap->whatif.overlap;
+  wi["data"] = snap->whatif.data;
+  if (snap->scaling_efficiency_ratio.has_value()) {
+    out.set_scaling_efficiency_ratio(*snap->scaling_efficiency_ratio);
+  }
+  for (const analysis::RankSnapshot& r : engine_.Ranks(job)) ToProto(r, out.add_ranks());
+  return out;
+}
+
+StateSnapshot CollectorState::Snapshot() const {
+  StateSnapshot s;
+  s.now_unix_nanos = clock_->NowUnixNanos();
+  s.node_down_nanos = options_.node_down_nanos;
+  s.agents_connected = agents_connected_.load();
+  absl::MutexLock lock(&mu_);
+  s.jobs = engine_.Jobs();
+  s.findings = engine_.Findings();
+  if (options_.top_ranks_per_job > 0) {
+    for (const analysis::JobSnapshot& job : s.jobs) {
+      std::vector<analysis::RankSnapshot> ranks = engine_.Ranks(job.job);
+      const size_t k = std::min(ranks.size(), static_cast<size_t>(options_.top_ranks_per_job));
+      std::partial_sort(ranks.begin(), ranks.begin() + k, ranks.end(),
+                        [](const analysis::RankSnapshot& a, const analysis::RankSnapshot& b) {
+                          if (a.busy_vs_median_ratio != b.busy_vs_median_ratio) {
+                            return a.busy_vs_median_ratio > b.busy_vs_median_ratio;
+                          }
+                          return a.rank < b.rank;
+                        });
+      for (size_t i = 0; i < k; ++i) s.top_ranks.emplace_back(job.job, std::move(ranks[i]));
+    }
+  }
+  s.nodes.reserve(nodes_.size());
+  for (const auto& [name, track] : nodes_) s.nodes.push_back(track.view);
+  s.counters = counters_;
+  return s;
+}
+
+std::string CollectorState::SerializeScalingHistory() const {
+  absl::MutexLock lock(&mu_);
+  return engine_.SerializeScalingHistory();
+}
+
+absl::Status CollectorState::LoadScalingHistory(absl::string_view data) {
+  absl::MutexLock lock(&mu_);
+  return engine_.LoadScalingHistory(data);
+}
+
+}  // namespace stepwatch::collector

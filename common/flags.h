@@ -1,0 +1,32 @@
+// Command-line parsing shared by the binaries. The documented command lines spell flags with
+// dashes (--metrics-listen); Abseil names them with underscores. Both spellings are accepted.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace stepwatch {
+
+struct FlagsSpec {
+  std::string program;  // e.g. "stepwatch-agent"
+  std::string usage;    // first lines of --help
+  // --help lists the flags defined in the file whose path ends with this (e.g. "agent/main.cc").
+  std::string main_file;
+  std::string version = "dev";
+};
+
+// Exit status for a command-line mistake.
+inline constexpr int kUsageExitCode = 2;
+
+// Parses the command line into the Abseil flags. An unknown flag, a missing or malformed value, or
+// an unexpected argument prints one line and exits with kUsageExitCode (Abseil alone would exit
+// with 1). Returns the positional arguments (after the program name), when `allow_positional`.
+std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const FlagsSpec& spec,
+                                          bool allow_positional = false);
+
+// Prints "<program>: <message>\nTry --help." to stderr and exits with kUsageExitCode.
+[[noreturn]] void UsageError(absl::string_view program, absl::string_view message);
+
+}  // namespace stepwatch

@@ -1,0 +1,218 @@
+#include "ctl/format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace stepwatch::ctl {
+namespace {
+
+std::string RankOrDash(int32_t v) { return v < 0 ? "-" : absl::StrCat(v); }
+
+}  // namespace
+
+std::string FormatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "-";
+  if (seconds == 0) return "0";
+  if (seconds < 1e-3) return absl::StrFormat("%.0f us", seconds * 1e6);
+  if (seconds < 1) return absl::StrFormat("%.1f ms", seconds * 1e3);
+  return absl::StrFormat("%.2f s", seconds);
+}
+
+std::string FormatPercent(double ratio) {
+  if (!std::isfinite(ratio) || ratio < 0) return "-";
+  return absl::StrFormat("%.0f%%", ratio * 100);
+}
+
+std::string Bar(double fraction, int width) {
+  static const char* const kPartial[] = {"", "▏", "▎", "▍", "▌", "▋", "▊", "▉"};
+  if (!std::isfinite(fraction) || width <= 0) return "";
+  fraction = std::clamp(fraction, 0.0, 1.0);
+  const int eighths = static_cast<int>(std::lround(fraction * width * 8));
+  std::string out;
+  for (int i = 0; i < eighths / 8; ++i) out += "█";
+  out += kPartial[eighths % 8];
+  return out;
+}
+
+std::string FormatTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    if (row.size() > widths.size()) widths.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line;
+    out += '\n';
+  }
+  return out;
+}
+
+std::string FormatStatus(const v1::StatusResponse& status, int64_t now_unix_nanos) {
+  std::string out;
+  if (status.jobs().empty()) {
+    out += "No jobs reporting.\n";
+  } else {
+    std::vector<std::vector<std::string>> rows = {{"JOB", "WORLD", "REPORTING", "LAST STEP",
+                                                   "STEP TIME", "STEPS/S", "SAMPLES/S",
+                                                   "EFFICIENCY", "FINDINGS"}};
+    for (const v1::JobStatus& j : status.jobs()) {
+      rows.push_back(
+          {j.job(), absl::StrCat(j.world_size()), absl::StrCat(j.ranks_reporting()),
+           j.last_step() < 0 ? "-" : absl::StrCat(j.last_step()), FormatDuration(j.step_seconds()),
+           absl::StrFormat("%.2f", j.steps_per_second()),
+           j.samples_per_second() > 0 ? absl::StrFormat("%.0f", j.samples_per_second()) : "-",
+           j.efficiency_ratio() > 0 ? FormatPercent(j.efficiency_ratio()) : "-",
+           absl::StrCat(j.finding_count())});
+    }
+    out += FormatTable(rows);
+  }
+  out += '\n';
+  if (status.nodes().empty()) {
+    out += "No nodes reporting.\n";
+    return out;
+  }
+  std::vector<std::vector<std::string>> rows = {{"NODE", "LAST SEEN", "CPU", "GPUS (utilization)"}};
+  for (const v1::NodeStatus& n : status.nodes()) {
+    const double age_s = (now_unix_nanos - n.last_seen_unix_nanos()) / 1e9;
+    std::string gpus;
+    if (!n.nvml_available() && n.gpus().empty()) {
+      gpus = n.nvml_error().empty() ? "no NVML" : absl::StrCat("no NVML (", n.nvml_error(), ")");
+    }
+    for (const v1::GpuStatus& g : n.gpus()) {
+      if (!gpus.empty()) gpus += ' ';
+      absl::StrAppend(
+          &gpus, g.index(), ":",
+          g.has_utilization_gpu_ratio() ? FormatPercent(g.utilization_gpu_ratio()) : "?");
+    }
+    rows.push_back({n.node(), absl::StrFormat("%.1fs ago", std::max(0.0, age_s)),
+                    n.has_cpu_utilization_ratio() ? FormatPercent(n.cpu_utilization_ratio()) : "-",
+                    gpus});
+  }
+  out += FormatTable(rows);
+  return out;
+}
+
+std::string FormatFindings(const v1::FindingsResponse& findings) {
+  if (findings.findings().empty()) return "No active findings.\n";
+  std::vector<std::vector<std::string>> rows = {
+      {"SEVERITY", "KIND", "JOB", "RANK", "NODE", "GPU", "SINCE STEP", "SUMMARY"}};
+  for (const v1::Finding& f : findings.findings()) {
+    rows.push_back({f.severity(), f.kind(), f.job().empty() ? "-" : f.job(), RankOrDash(f.rank()),
+                    f.node().empty() ? "-" : f.node(), RankOrDash(f.gpu()),
+                    absl::StrCat(f.since_step(), f.persistent() ? "" : " (transient)"),
+                    f.summary()});
+  }
+  return FormatTable(rows);
+}
+
+std::string FormatExplain(const v1::ExplainResponse& e, const ExplainFormatOptions& options) {
+  const v1::JobStatus& j = e.job();
+  std::string out =
+      absl::StrFormat("Job %s: %d ranks (%d reporting), last step %d, step time %s, %.2f steps/s",
+                      j.job(), j.world_size(), j.ranks_reporting(), j.last_step(),
+                      FormatDuration(j.step_seconds()), j.steps_per_second());
+  if (j.samples_per_second() > 0)
+    absl::StrAppendFormat(&out, ", %.0f samples/s", j.samples_per_second());
+  out += '\n';
+  absl::StrAppend(&out, "Efficiency (ideal / actual step time): ",
+                  j.efficiency_ratio() > 0 ? FormatPercent(j.efficiency_ratio()) : "unknown", "\n");
+  if (e.has_scaling_efficiency_ratio()) {
+    absl::StrAppend(&out, "Scaling efficiency (per-GPU throughput vs smaller runs): ",
+                    FormatPercent(e.scaling_efficiency_ratio()), "\n");
+  }
+
+  out += "\nWhere the step time goes\n";
+  std::vector<std::vector<std::string>> rows;
+  for (const char* component : {"compute", "imbalance", "comm", "data", "other"}) {
+    auto it = e.time_ratio().find(component);
+    const double v = it == e.time_ratio().end() ? 0 : it->second;
+    rows.push_back({absl::StrCat("  ", component), absl::StrFormat("%5.1f%%", v * 100),
+                    Bar(v, options.bar_width)});
+  }
+  out += FormatTable(rows);
+
+  out += "\nWhat if\n";
+  rows.clear();
+  const std::pair<const char*, const char*> fixes[] = {
+      {"stragglers", "stragglers fixed (rebalance the load)"},
+      {"overlap", "communication fully overlapped with compute"},
+      {"data", "no data-loading stall"}};
+  for (const auto& [key, label] : fixes) {
+    auto it = e.whatif_speedup_ratio().find(key);
+    if (it == e.whatif_speedup_ratio().end()) continue;
+    rows.push_back({absl::StrCat("  ", label), absl::StrFormat("%.2fx faster", it->second)});
+  }
+  out += FormatTable(rows);
+
+  if (!e.ranks().empty()) {
+    std::vector<const v1::RankRow*> shown;
+    for (const v1::RankRow& r : e.ranks()) shown.push_back(&r);
+    size_t hidden = 0;
+    if (options.max_rank_rows > 0 && static_cast<int>(shown.size()) > options.max_rank_rows) {
+      // Keep the flagged ranks and the slowest others.
+      std::stable_sort(shown.begin(), shown.end(), [](const v1::RankRow* a, const v1::RankRow* b) {
+        if (a->straggler() != b->straggler()) return a->straggler();
+        return a->busy_vs_median_ratio() > b->busy_vs_median_ratio();
+      });
+      hidden = shown.size() - options.max_rank_rows;
+      shown.resize(options.max_rank_rows);
+      std::sort(shown.begin(), shown.end(),
+                [](const v1::RankRow* a, const v1::RankRow* b) { return a->rank() < b->rank(); });
+    }
+    double max_busy = 0;
+    for (const v1::RankRow* r : shown) max_busy = std::max(max_busy, r->busy_seconds());
+    out +=
+        "\nRanks (medians over recent steps; busy = data + compute; bar = busy time, ! = "
+        "straggler)\n";
+    rows = {{" ", "RANK", "NODE", "GPU", "BUSY", "COMPUTE", "DATA", "COMM", "VS MEDIAN", ""}};
+    for (const v1::RankRow* r : shown) {
+      rows.push_back({r->straggler() ? "!" : " ", absl::StrCat(r->rank()),
+                      r->node().empty() ? "-" : r->node(), RankOrDash(r->gpu()),
+                      FormatDuration(r->busy_seconds()), FormatDuration(r->compute_seconds()),
+                      FormatDuration(r->data_seconds()), FormatDuration(r->comm_seconds()),
+                      absl::StrFormat("%+.0f%%", (r->busy_vs_median_ratio() - 1) * 100),
+                      Bar(max_busy > 0 ? r->busy_seconds() / max_busy : 0, options.bar_width)});
+    }
+    out += FormatTable(rows);
+    if (hidden > 0) {
+      absl::StrAppend(&out, "  ... ", hidden, " more ranks closer to the median not shown\n");
+    }
+  }
+
+  out += "\nFindings\n";
+  if (e.findings().empty()) {
+    out += "  none\n";
+  } else {
+    for (const v1::Finding& f : e.findings()) {
+      absl::StrAppend(&out, "  [", f.severity(), "] ", f.kind(), " since step ", f.since_step(),
+                      ": ", f.summary(), "\n");
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  auto st = google::protobuf::util::MessageToJsonString(message, &out, options);
+  if (!st.ok()) return absl::InternalError(std::string(st.message()));
+  return out;
+}
+
+}  // namespace stepwatch::ctl

@@ -1,0 +1,190 @@
+#include "agent/agent_metrics.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
+#include "tests/agent/test_util.h"
+
+namespace stepwatch::agent {
+namespace {
+
+AgentMetricsSources FakeSources() {
+  AgentMetricsSources s;
+  s.node = "node-7";
+  s.buffer_capacity_batches = 600;
+  s.ingest = [] {
+    IngestStats i;
+    i.datagrams_total = 12;
+    i.events_accepted_total = 9;
+    i.rejected_total[static_cast<int>(RejectReason::kNotJson)] = 2;
+    i.rejected_total[static_cast<int>(RejectReason::kOutOfRange)] = 1;
+    return i;
+  };
+  s.shipper = [] {
+    ShipperStats st;
+    st.batches_sent_total = 5;
+    st.batches_acknowledged_total = 4;
+    st.batches_resent_total = 1;
+    st.batches_dropped_total = 2;
+    st.buffered_batches = 1;
+    st.connected = true;
+    return st;
+  };
+  s.samples = [] {
+    NodeSnapshot n;
+    n.node.set_nvml_available(true);
+    n.node.set_gpu_count(2);
+    v1::GpuSample g0;
+    g0.set_index(0);
+    g0.set_uuid("GPU-0");
+    g0.set_name("NVIDIA H100");
+    g0.set_utilization_gpu_ratio(0.93);
+    g0.set_sm_clock_mhz(1980);
+    g0.set_memory_used_bytes(40ull << 30);
+    g0.set_sm_activity_ratio(0.8);
+    g0.add_pids(1234);
+    v1::GpuSample g1;  // a GPU whose driver exposes nothing optional
+    g1.set_index(1);
+    n.gpus = {g0, g1};
+    v1::HostSample h;
+    h.set_cpu_count(32);
+    h.set_cpu_utilization_ratio(0.25);
+    h.set_network_receive_bytes_total(1000);
+    n.host = h;
+    return n;
+  };
+  return s;
+}
+
+// name{labels} -> value, labels rendered "k=v,k=v" in the order given.
+std::map<std::string, double> Flatten(const std::vector<prometheus::MetricFamily>& families) {
+  std::map<std::string, double> out;
+  for (const auto& f : families) {
+    for (const auto& m : f.metric) {
+      std::string key = f.name + "{";
+      for (const auto& l : m.label) key += l.name + "=" + l.value + ",";
+      key += "}";
+      out[key] = f.type == prometheus::MetricType::Counter ? m.counter.value : m.gauge.value;
+    }
+  }
+  return out;
+}
+
+TEST(AgentMetricsTest, ExposesHealthAndNodeView) {
+  AgentCollectable c(FakeSources());
+  const auto values = Flatten(c.Collect());
+  auto v = [&](const std::string& key) {
+    auto it = values.find(key);
+    EXPECT_NE(it, values.end()) << key;
+    return it == values.end() ? -1 : it->second;
+  };
+  EXPECT_EQ(v("stepwatch_agent_events_received_total{node=node-7,}"), 9);
+  EXPECT_EQ(v("stepwatch_agent_events_rejected_total{node=node-7,reason=not_json,}"), 2);
+  EXPECT_EQ(v("stepwatch_agent_events_rejected_total{node=node-7,reason=out_of_range,}"), 1);
+  // Every reason is present from the start, so rate() works on the first rejection.
+  EXPECT_EQ(v("stepwatch_agent_events_rejected_total{node=node-7,reason=too_large,}"), 0);
+  EXPECT_EQ(v("stepwatch_agent_batches_sent_total{node=node-7,}"), 5);
+  EXPECT_EQ(v("stepwatch_agent_batches_acknowledged_total{node=node-7,}"), 4);
+  EXPECT_EQ(v("stepwatch_agent_batches_resent_total{node=node-7,}"), 1);
+  EXPECT_EQ(v("stepwatch_agent_batches_dropped_total{node=node-7,}"), 2);
+  EXPECT_EQ(v("stepwatch_agent_buffer_batches{node=node-7,}"), 1);
+  EXPECT_EQ(v("stepwatch_agent_buffer_capacity_batches{node=node-7,}"), 600);
+  EXPECT_EQ(v("stepwatch_agent_connected{node=node-7,}"), 1);
+  EXPECT_EQ(v("stepwatch_agent_nvml_available{node=node-7,}"), 1);
+  EXPECT_DOUBLE_EQ(v("stepwatch_agent_gpu_utilization_ratio{node=node-7,gpu=0,}"), 0.93);
+  EXPECT_DOUBLE_EQ(v("stepwatch_agent_gpu_sm_clock_hertz{node=node-7,gpu=0,}"), 1.98e9);
+  EXPECT_DOUBLE_EQ(v("stepwatch_agent_gpu_memory_used_bytes{node=node-7,gpu=0,}"),
+                   40.0 * (1ull << 30));
+  EXPECT_DOUBLE_EQ(v("stepwatch_agent_gpu_sm_activity_ratio{node=node-7,gpu=0,}"), 0.8);
+  EXPECT_EQ(v("stepwatch_agent_gpu_processes{node=node-7,gpu=0,}"), 1);
+  EXPECT_EQ(v("stepwatch_agent_gpu_info{node=node-7,gpu=1,uuid=,name=,}"), 1);
+  // Unavailable readings produce no series rather than a misleading zero.
+  EXPECT_EQ(values.count("stepwatch_agent_gpu_utilization_ratio{node=node-7,gpu=1,}"), 0u);
+  EXPECT_EQ(values.count("stepwatch_agent_gpu_power_watts{node=node-7,gpu=0,}"), 0u);
+  EXPECT_EQ(values.count("stepwatch_agent_host_memory_total_bytes{node=node-7,}"), 0u);
+  EXPECT_DOUBLE_EQ(v("stepwatch_agent_host_cpu_utilization_ratio{node=node-7,}"), 0.25);
+  EXPECT_EQ(v("stepwatch_agent_host_cpus{node=node-7,}"), 32);
+  EXPECT_EQ(v("stepwatch_agent_host_network_receive_bytes_total{node=node-7,}"), 1000);
+}
+
+TEST(AgentMetricsTest, CountersEndInTotalAndFamiliesHaveHelp) {
+  AgentCollectable c(FakeSources());
+  for (const auto& f : c.Collect()) {
+    EXPECT_FALSE(f.help.empty()) << f.name;
+    const bool total = f.name.size() > 6 && f.name.substr(f.name.size() - 6) == "_total";
+    EXPECT_EQ(f.type == prometheus::MetricType::Counter, total) << f.name;
+  }
+}
+
+// GET http://127.0.0.1:port/path over a plain socket; returns the body.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  (void)!::write(fd, req.data(), req.size());
+  std::string resp;
+  char buf[4096];
+  for (int i = 0; i < 10000; ++i) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    resp.append(buf, n);
+  }
+  ::close(fd);
+  const size_t body = resp.find("\r\n\r\n");
+  return body == std::string::npos ? "" : resp.substr(body + 4);
+}
+
+TEST(AgentMetricsTest, ServesOverHttpAndPassesPromtool) {
+  auto server =
+      MetricsServer::Start("127.0.0.1:0", std::make_shared<AgentCollectable>(FakeSources()));
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_GT((*server)->port(), 0);
+  const std::string body = HttpGet((*server)->port(), "/metrics");
+  EXPECT_NE(body.find("# TYPE stepwatch_agent_events_rejected_total counter"), std::string::npos)
+      << body;
+  EXPECT_NE(body.find("stepwatch_agent_gpu_utilization_ratio{node=\"node-7\",gpu=\"0\"} 0.93"),
+            std::string::npos)
+      << body;
+  if (::access("/usr/bin/promtool", X_OK) != 0) GTEST_SKIP() << "promtool not installed";
+  const std::string dir = testing::MakeTempDir();
+  const std::string file = dir + "/scrape.txt";
+  std::ofstream(file) << body;
+  const std::string cmd = "/usr/bin/promtool check metrics < " + file + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  const int rc = ::pclose(p);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out, "") << out;
+  ::unlink(file.c_str());
+  ::rmdir(dir.c_str());
+}
+
+TEST(AgentMetricsTest, BadListenAddressesFail) {
+  auto collectable = std::make_shared<AgentCollectable>(FakeSources());
+  EXPECT_FALSE(MetricsServer::Start("no-port", collectable).ok());
+  auto first = MetricsServer::Start("127.0.0.1:0", collectable);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = MetricsServer::Start(absl::StrCat("127.0.0.1:", (*first)->port()), collectable);
+  EXPECT_FALSE(second.ok());
+}
+
+}  // namespace
+}  // namespace stepwatch::agent

@@ -1,0 +1,217 @@
+#include "agent/ingest_server.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <mutex>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/agent/test_util.h"
+
+namespace stepwatch::agent {
+namespace {
+
+using testing::MakeTempDir;
+using testing::SendDatagram;
+using testing::WaitFor;
+
+constexpr char kEvent[] = R"({"job":"j","rank":1,"world_size":2,"step":7,"step_s":0.25})";
+
+class Received {
+ public:
+  IngestServer::Sink Sink() {
+    return [this](v1::StepEvent&& e) {
+      std::lock_guard<std::mutex> lock(mu_);
+      events_.push_back(std::move(e));
+    };
+  }
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return events_.size();
+  }
+  std::vector<v1::StepEvent> events() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return events_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<v1::StepEvent> events_;
+};
+
+uint64_t Rejected(const IngestServer& s, RejectReason r) {
+  return s.stats().rejected_total[static_cast<int>(r)];
+}
+
+class IngestServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir();
+    ASSERT_FALSE(dir_.empty());
+  }
+  IngestServerOptions Options(const std::string& name = "agent.sock") {
+    IngestServerOptions o;
+    o.socket_path = dir_ + "/" + name;
+    o.clock = &clock_;
+    return o;
+  }
+  std::string dir_;
+  FakeClock clock_;
+};
+
+TEST_F(IngestServerTest, ReceivesValidEventsWithSenderPidAndTime) {
+  Received received;
+  auto server = IngestServer::Start(Options(), received.Sink());
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE(SendDatagram((*server)->socket_path(), kEvent));
+  ASSERT_TRUE(WaitFor([&] { return received.size() == 1; }));
+  const v1::StepEvent e = received.events()[0];
+  EXPECT_EQ(e.job(), "j");
+  EXPECT_EQ(e.step(), 7);
+  EXPECT_EQ(e.pid(), ::getpid());
+  EXPECT_EQ(e.received_unix_nanos(), clock_.NowUnixNanos());
+  EXPECT_EQ((*server)->stats().events_accepted_total, 1u);
+  EXPECT_EQ((*server)->stats().datagrams_total, 1u);
+}
+
+TEST_F(IngestServerTest, SocketIsWritableByEveryoneAndParentIsCreated) {
+  IngestServerOptions o = Options();
+  o.socket_path = dir_ + "/run/stepwatch/agent.sock";
+  Received received;
+  auto server = IngestServer::Start(o, received.Sink());
+  ASSERT_TRUE(server.ok()) << server.status();
+  struct stat st;
+  ASSERT_EQ(::stat(o.socket_path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0666u);
+  ASSERT_EQ(::stat((dir_ + "/run/stepwatch").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+}
+
+TEST_F(IngestServerTest, CountsEveryKindOfBadInputAndKeepsRunning) {
+  Received received;
+  auto server = IngestServer::Start(Options(), received.Sink());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string path = (*server)->socket_path();
+  ASSERT_TRUE(SendDatagram(path, "not json at all"));
+  ASSERT_TRUE(SendDatagram(path, ""));
+  ASSERT_TRUE(SendDatagram(path, "[1,2,3]"));
+  ASSERT_TRUE(SendDatagram(path, R"({"job":"j"})"));
+  ASSERT_TRUE(SendDatagram(path, R"({"job":"j","rank":"1","world_size":2,"step":1,"step_s":1})"));
+  ASSERT_TRUE(SendDatagram(path, R"({"job":"j","rank":2,"world_size":2,"step":1,"step_s":1})"));
+  ASSERT_TRUE(SendDatagram(path, std::string(kMaxDatagramBytes + 1, ' ')));
+  ASSERT_TRUE(SendDatagram(path, std::string("\0\xff\xfe", 3)));
+  ASSERT_TRUE(SendDatagram(path, kEvent));
+  ASSERT_TRUE(WaitFor([&] { return (*server)->stats().datagrams_total == 9; }));
+  const IngestServer& s = **server;
+  EXPECT_EQ(Rejected(s, RejectReason::kNotJson), 3u);
+  EXPECT_EQ(Rejected(s, RejectReason::kNotObject), 1u);
+  EXPECT_EQ(Rejected(s, RejectReason::kMissingField), 1u);
+  EXPECT_EQ(Rejected(s, RejectReason::kWrongType), 1u);
+  EXPECT_EQ(Rejected(s, RejectReason::kOutOfRange), 1u);
+  EXPECT_EQ(Rejected(s, RejectReason::kTooLarge), 1u);
+  EXPECT_EQ(s.stats().events_accepted_total, 1u);
+  EXPECT_EQ(received.size(), 1u);
+}
+
+TEST_F(IngestServerTest, ReplacesStaleSocketFile) {
+  Received received;
+  {
+    auto first = IngestServer::Start(Options(), received.Sink());
+    ASSERT_TRUE(first.ok()) << first.status();
+    // Leave a socket file behind with nobody reading it, as a crashed agent would.
+    const int fd = ::socket(AF_UNIX, SOCK_DGRAM, 0);
+    (*first)->Stop();
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string path = Options().socket_path;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    ::close(fd);
+    struct stat st;
+    ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  }
+  auto second = IngestServer::Start(Options(), received.Sink());
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(SendDatagram((*second)->socket_path(), kEvent));
+  EXPECT_TRUE(WaitFor([&] { return received.size() == 1; }));
+}
+
+TEST_F(IngestServerTest, RefusesSocketInUseByAnotherAgent) {
+  Received received;
+  auto first = IngestServer::Start(Options(), received.Sink());
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = IngestServer::Start(Options(), received.Sink());
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists);
+  // The first one still works.
+  ASSERT_TRUE(SendDatagram((*first)->socket_path(), kEvent));
+  EXPECT_TRUE(WaitFor([&] { return received.size() == 1; }));
+}
+
+TEST_F(IngestServerTest, RefusesToReplaceARegularFile) {
+  const std::string path = Options().socket_path;
+  std::ofstream(path) << "precious";
+  Received received;
+  auto server = IngestServer::Start(Options(), received.Sink());
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kFailedPrecondition);
+  std::ifstream in(path);
+  std::string content;
+  in >> content;
+  EXPECT_EQ(content, "precious");
+}
+
+TEST_F(IngestServerTest, RejectsOverlongPath) {
+  IngestServerOptions o = Options();
+  o.socket_path = dir_ + "/" + std::string(200, 'x');
+  Received received;
+  auto server = IngestServer::Start(o, received.Sink());
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(IngestServerTest, StopRemovesSocketAndIsIdempotent) {
+  Received received;
+  auto server = IngestServer::Start(Options(), received.Sink());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string path = (*server)->socket_path();
+  const auto start = std::chrono::steady_clock::now();
+  (*server)->Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  (*server)->Stop();
+  struct stat st;
+  EXPECT_NE(::stat(path.c_str(), &st), 0);
+  EXPECT_FALSE(SendDatagram(path, kEvent));
+}
+
+TEST_F(IngestServerTest, ManyEventsFromSeveralSendersAllArrive) {
+  Received received;
+  IngestServerOptions o = Options();
+  auto server = IngestServer::Start(o, received.Sink());
+  ASSERT_TRUE(server.ok()) << server.status();
+  constexpr int kSenders = 4;
+  constexpr int kPerSender = 500;
+  std::vector<std::thread> senders;
+  for (int t = 0; t < kSenders; ++t) {
+    senders.emplace_back([&, t] {
+      for (int i = 0; i < kPerSender; ++i) {
+        const std::string e = R"({"job":"j","rank":)" + std::to_string(t) +
+                              R"(,"world_size":4,"step":)" + std::to_string(i) +
+                              R"(,"step_s":0.1})";
+        // A full receive buffer makes a blocking sender wait; the count must still match.
+        SendDatagram((*server)->socket_path(), e);
+      }
+    });
+  }
+  for (auto& s : senders) s.join();
+  ASSERT_TRUE(WaitFor([&] { return received.size() == kSenders * kPerSender; })) << received.size();
+  std::vector<int> per_rank(kSenders, 0);
+  for (const auto& e : received.events()) ++per_rank[e.rank()];
+  for (int t = 0; t < kSenders; ++t) EXPECT_EQ(per_rank[t], kPerSender);
+}
+
+}  // namespace
+}  // namespace stepwatch::agent

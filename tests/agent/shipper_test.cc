@@ -1,0 +1,462 @@
+#include "agent/shipper.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "agent/backoff.h"
+#include "gtest/gtest.h"
+#include "tests/agent/test_util.h"
+
+namespace stepwatch::agent {
+namespace {
+
+using testing::WaitFor;
+
+// A real gRPC Ingest server on a loopback port that records what arrives and acknowledges it the
+// way the collector does (highest contiguous seq, moved up to base_seq - 1).
+class FakeCollector final : public v1::Ingest::Service {
+ public:
+  struct Behaviour {
+    bool ack = true;
+    // Ends each stream with UNAVAILABLE after this many batches (0: never).
+    int drop_stream_after = 0;
+  };
+
+  ~FakeCollector() override { Shutdown(); }
+
+  // Starts on `port` (0: any free port). Returns the bound port, or 0.
+  int Start(int port, Behaviour behaviour) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      behaviour_ = behaviour;
+    }
+    grpc::ServerBuilder builder;
+    int bound = 0;
+    builder.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials(),
+                             &bound);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+    return server_ ? bound : 0;
+  }
+
+  void Shutdown() {
+    if (server_) {
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+      server_->Wait();
+      server_.reset();
+    }
+  }
+
+  grpc::Status Report(grpc::ServerContext* context,
+                      grpc::ServerReaderWriter<v1::IngestAck, v1::ReportBatch>* stream) override {
+    streams_.fetch_add(1);
+    v1::ReportBatch batch;
+    int on_this_stream = 0;
+    while (stream->Read(&batch)) {
+      v1::IngestAck ack;
+      Behaviour b;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        b = behaviour_;
+        all_.push_back(batch);
+        uint64_t& w = watermark_[batch.boot_id()];
+        if (batch.base_seq() > 0) w = std::max(w, batch.base_seq() - 1);
+        auto& seen = seen_[batch.boot_id()];
+        if (batch.seq() > w && seen.insert(batch.seq()).second) {
+          for (const auto& s : batch.steps()) unique_steps_.push_back(s.step());
+        }
+        while (seen.count(w + 1)) ++w;
+        ack.set_boot_id(batch.boot_id());
+        ack.set_acked_seq(w);
+      }
+      if (b.ack && !stream->Write(ack)) break;
+      if (b.drop_stream_after > 0 && ++on_this_stream >= b.drop_stream_after) {
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "dropping the stream on purpose");
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+  std::vector<v1::ReportBatch> batches() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return all_;
+  }
+  // Step numbers of the events in distinct (boot_id, seq) batches, in arrival order.
+  std::vector<int64_t> unique_steps() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return unique_steps_;
+  }
+  int streams() const { return streams_.load(); }
+
+ private:
+  std::unique_ptr<grpc::Server> server_;
+  std::mutex mu_;
+  Behaviour behaviour_;
+  std::vector<v1::ReportBatch> all_;
+  std::map<std::string, uint64_t> watermark_;
+  std::map<std::string, std::set<uint64_t>> seen_;
+  std::vector<int64_t> unique_steps_;
+  std::atomic<int> streams_{0};
+};
+
+class FakeGpus : public gpu::GpuSource {
+ public:
+  absl::StatusOr<std::vector<v1::GpuSample>> Sample(int64_t now) override {
+    std::vector<v1::GpuSample> out(2);
+    for (int i = 0; i < 2; ++i) {
+      out[i].set_index(i);
+      out[i].set_sampled_unix_nanos(now);
+      out[i].set_utilization_gpu_ratio(0.5 + i * 0.25);
+    }
+    return out;
+  }
+  void DescribeNode(v1::NodeInfo* node) const override {
+    node->set_nvml_available(true);
+    node->set_gpu_count(2);
+    node->set_driver_version("550.54.15");
+  }
+};
+
+class FakeHost : public host::HostSampler {
+ public:
+  absl::StatusOr<v1::HostSample> Sample(int64_t now) override {
+    v1::HostSample h;
+    h.set_sampled_unix_nanos(now);
+    h.set_cpu_count(16);
+    h.set_cpu_utilization_ratio(0.3);
+    return h;
+  }
+};
+
+v1::StepEvent Step(int64_t step) {
+  v1::StepEvent e;
+  e.set_job("job");
+  e.set_rank(0);
+  e.set_world_size(1);
+  e.set_step(step);
+  e.set_step_s(0.1);
+  return e;
+}
+
+// A port that nothing listens on for the moment.
+int UnusedPort() {
+  FakeCollector probe;
+  const int port = probe.Start(0, {});
+  probe.Shutdown();
+  return port;
+}
+
+ShipperOptions Options(int port) {
+  ShipperOptions o;
+  o.collector = "127.0.0.1:" + std::to_string(port);
+  o.agent_id = MakeAgentId("node-a", "/tmp/a.sock");
+  o.node_info.set_node("node-a");
+  // Tests cut batches with FlushNow unless they test the schedule.
+  o.interval = absl::Hours(1);
+  o.backoff.initial = absl::Milliseconds(10);
+  o.backoff.max = absl::Milliseconds(100);
+  o.connect_timeout = absl::Milliseconds(500);
+  return o;
+}
+
+std::set<int64_t> AsSet(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+
+TEST(AgentIdTest, StableAndDistinct) {
+  EXPECT_EQ(MakeAgentId("n", "/run/a.sock"), MakeAgentId("n", "/run/a.sock"));
+  EXPECT_NE(MakeAgentId("n", "/run/a.sock"), MakeAgentId("n", "/run/b.sock"));
+  EXPECT_NE(MakeAgentId("n", "/run/a.sock"), MakeAgentId("m", "/run/a.sock"));
+  EXPECT_EQ(MakeAgentId("n", "/run/a.sock").rfind("n-", 0), 0u);
+  EXPECT_NE(MakeBootId(), MakeBootId());
+  EXPECT_EQ(MakeBootId().size(), 32u);
+}
+
+TEST(BackoffTest, GrowsWithJitterAndIsCapped) {
+  BackoffOptions o;
+  o.initial = absl::Milliseconds(100);
+  o.max = absl::Seconds(1);
+  o.multiplier = 2;
+  o.jitter = 0.5;
+  Backoff b(o);
+  absl::Duration base = o.initial;
+  for (int i = 0; i < 20; ++i) {
+    const absl::Duration d = b.Next();
+    EXPECT_LE(d, base);
+    EXPECT_GE(d, base / 2);
+    EXPECT_LE(d, o.max);
+    base = std::min(base * 2, o.max);
+  }
+  b.Reset();
+  EXPECT_LE(b.Next(), o.initial);
+}
+
+TEST(BackoffTest, JitterSpreadsDelays) {
+  Backoff b({absl::Milliseconds(100), absl::Milliseconds(100), 2.0, 0.5});
+  std::set<int64_t> distinct;
+  for (int i = 0; i < 50; ++i) distinct.insert(absl::ToInt64Microseconds(b.Next()));
+  EXPECT_GT(distinct.size(), 10u);
+}
+
+TEST(ShipperTest, DeliversStepsAndSamplesInOrderAndDrainsOnAck) {
+  FakeCollector collector;
+  const int port = collector.Start(0, {});
+  ASSERT_GT(port, 0);
+  FakeGpus gpus;
+  FakeHost host;
+  Shipper shipper(Options(port), &gpus, &host);
+  ASSERT_TRUE(shipper.Start().ok());
+  for (int i = 0; i < 3; ++i) shipper.AddStep(Step(i));
+  shipper.FlushNow();
+  shipper.AddStep(Step(3));
+  shipper.FlushNow();
+  ASSERT_TRUE(WaitFor([&] { return shipper.stats().batches_acknowledged_total == 2; }));
+  const std::vector<v1::ReportBatch> batches = collector.batches();
+  ASSERT_EQ(batches.size(), 2u);
+  EXPECT_EQ(batches[0].seq(), 1u);
+  EXPECT_EQ(batches[1].seq(), 2u);
+  EXPECT_EQ(batches[0].agent_id(), MakeAgentId("node-a", "/tmp/a.sock"));
+  EXPECT_EQ(batches[0].boot_id(), shipper.boot_id());
+  EXPECT_EQ(batches[0].steps_size(), 3);
+  EXPECT_EQ(batches[1].steps_size(), 1);
+  EXPECT_EQ(batches[0].gpus_size(), 2);
+  EXPECT_DOUBLE_EQ(batches[0].gpus(1).utilization_gpu_ratio(), 0.75);
+  ASSERT_TRUE(batches[0].has_host());
+  EXPECT_EQ(batches[0].host().cpu_count(), 16u);
+  EXPECT_EQ(batches[0].node().node(), "node-a");
+  EXPECT_TRUE(batches[0].node().nvml_available());
+  EXPECT_EQ(batches[0].node().gpu_count(), 2);
+  EXPECT_EQ(batches[0].base_seq(), 1u);
+  const ShipperStats s = shipper.stats();
+  EXPECT_EQ(s.buffered_batches, 0u);
+  EXPECT_EQ(s.buffered_bytes, 0u);
+  EXPECT_EQ(s.acked_seq, 2u);
+  EXPECT_EQ(s.batches_resent_total, 0u);
+  EXPECT_TRUE(s.connected);
+  // The latest readings are kept for /metrics.
+  EXPECT_EQ(shipper.LatestSamples().gpus.size(), 2u);
+  EXPECT_TRUE(shipper.LatestSamples().host.has_value());
+}
+
+TEST(ShipperTest, ShipsOnItsOwnScheduleWithFractionalInterval) {
+  FakeCollector collector;
+  const int port = collector.Start(0, {});
+  ASSERT_GT(port, 0);
+  ShipperOptions o = Options(port);
+  o.interval = absl::Milliseconds(50);
+  Shipper shipper(o, nullptr, nullptr);
+  ASSERT_TRUE(shipper.Start().ok());
+  shipper.AddStep(Step(1));
+  ASSERT_TRUE(WaitFor([&] { return collector.batches().size() >= 3; }));
+  EXPECT_EQ(AsSet(collector.unique_steps()), std::set<int64_t>({1}));
+  // Without sources a batch carries no GPUs and no host.
+  EXPECT_EQ(collector.batches()[0].gpus_size(), 0);
+  EXPECT_FALSE(collector.batches()[0].has_host());
+}
+
+TEST(ShipperTest, CollectorRestartLosesNothingWithinTheBuffer) {
+  FakeCollector first;
+  const int port = first.Start(0, {/*ack=*/false});
+  ASSERT_GT(port, 0);
+  Shipper shipper(Options(port), nullptr, nullptr);
+  ASSERT_TRUE(shipper.Start().ok());
+  int64_t step = 0;
+  for (int b = 0; b < 5; ++b) {
+    shipper.AddStep(Step(step++));
+    shipper.AddStep(Step(step++));
+    shipper.FlushNow();
+  }
+  // Written but never acknowledged: all five are still held.
+  ASSERT_TRUE(WaitFor([&] { return first.batches().size() == 5; }));
+  EXPECT_EQ(shipper.stats().buffered_batches, 5u);
+  first.Shutdown();
+  ASSERT_TRUE(WaitFor([&] { return !shipper.stats().connected; }));
+  // While the collector is away, more batches pile up.
+  for (int b = 0; b < 3; ++b) {
+    shipper.AddStep(Step(step++));
+    shipper.FlushNow();
+  }
+  FakeCollector second;
+  ASSERT_EQ(second.Start(port, {/*ack=*/true}), port);
+  ASSERT_TRUE(WaitFor([&] { return shipper.stats().buffered_batches == 0; }))
+      << shipper.stats().buffered_batches;
+  // Every batch arrived at the new collector, in order, each once.
+  std::vector<uint64_t> seqs;
+  for (const auto& b : second.batches()) seqs.push_back(b.seq());
+  EXPECT_EQ(seqs, std::vector<uint64_t>({1, 2, 3, 4, 5, 6, 7, 8}));
+  std::set<int64_t> expected;
+  for (int64_t i = 0; i < step; ++i) expected.insert(i);
+  EXPECT_EQ(AsSet(second.unique_steps()), expected);
+  EXPECT_EQ(second.unique_steps().size(), expected.size());
+  const ShipperStats s = shipper.stats();
+  EXPECT_EQ(s.batches_resent_total, 5u);
+  EXPECT_EQ(s.batches_acknowledged_total, 8u);
+  EXPECT_EQ(s.batches_dropped_total, 0u);
+  EXPECT_GE(s.connects_total, 2u);
+}
+
+TEST(ShipperTest, StreamDroppedByServerIsReopenedAndNothingIsLost) {
+  FakeCollector collector;
+  FakeCollector::Behaviour b;
+  b.drop_stream_after = 2;
+  const int port = collector.Start(0, b);
+  ASSERT_GT(port, 0);
+  Shipper shipper(Options(port), nullptr, nullptr);
+  ASSERT_TRUE(shipper.Start().ok());
+  for (int i = 0; i < 10; ++i) {
+    shipper.AddStep(Step(i));
+    shipper.FlushNow();
+  }
+  ASSERT_TRUE(WaitFor([&] { return shipper.stats().buffered_batches == 0; }));
+  std::set<int64_t> expected;
+  for (int64_t i = 0; i < 10; ++i) expected.insert(i);
+  EXPECT_EQ(AsSet(collector.unique_steps()), expected);
+  EXPECT_GE(collector.streams(), 5);
+}
+
+TEST(ShipperTest, FullBufferDropsOldestAndTellsTheCollector) {
+  const int port = UnusedPort();
+  ASSERT_GT(port, 0);
+  ShipperOptions o = Options(port);
+  o.max_buffered_batches = 3;
+  Shipper shipper(o, nullptr, nullptr);
+  ASSERT_TRUE(shipper.Start().ok());
+  for (int i = 0; i < 10; ++i) {
+    shipper.AddStep(Step(i));
+    shipper.FlushNow();
+  }
+  ShipperStats s = shipper.stats();
+  EXPECT_EQ(s.batches_created_total, 10u);
+  EXPECT_EQ(s.batches_dropped_total, 7u);
+  EXPECT_EQ(s.buffered_batches, 3u);
+  FakeCollector collector;
+  ASSERT_EQ(collector.Start(port, {}), port);
+  ASSERT_TRUE(WaitFor([&] { return shipper.stats().buffered_batches == 0; }));
+  const auto batches = collector.batches();
+  ASSERT_EQ(batches.size(), 3u);
+  EXPECT_EQ(batches[0].seq(), 8u);
+  // base_seq lets the collector skip the dropped 1..7 instead of waiting for them.
+  EXPECT_EQ(batches[0].base_seq(), 8u);
+  EXPECT_EQ(AsSet(collector.unique_steps()), std::set<int64_t>({7, 8, 9}));
+  EXPECT_EQ(shipper.stats().acked_seq, 10u);
+}
+
+TEST(ShipperTest, ByteBoundAlsoDropsOldest) {
+  ShipperOptions o = Options(UnusedPort());
+  o.max_buffered_bytes = 2000;
+  Shipper shipper(o, nullptr, nullptr);
+  ASSERT_TRUE(shipper.Start().ok());
+  for (int b = 0; b < 10; ++b) {
+    for (int i = 0; i < 20; ++i) shipper.AddStep(Step(i));
+    shipper.FlushNow();
+  }
+  const ShipperStats s = shipper.stats();
+  EXPECT_GT(s.batches_dropped_total, 0u);
+  EXPECT_LE(s.buffered_bytes, 2000u);
+  EXPECT_GE(s.buffered_batches, 1u);
+}
+
+TEST(ShipperTest, ReconnectBackoffIsBounded) {
+  const int port = UnusedPort();
+  ASSERT_GT(port, 0);
+  ShipperOptions o = Options(port);
+  o.backoff.initial = absl::Milliseconds(10);
+  o.backoff.max = absl::Milliseconds(100);
+  Shipper shipper(o, nullptr, nullptr);
+  ASSERT_TRUE(shipper.Start().ok());
+  // Unbounded doubling from 10 ms would need over 10 s for 12 attempts; capped at 100 ms it
+  // takes about 1 s.
+  EXPECT_TRUE(WaitFor([&] { return shipper.stats().connect_attempts_total >= 12; },
+                      std::chrono::seconds(6)))
+      << shipper.stats().connect_attempts_total;
+  EXPECT_FALSE(shipper.stats().connected);
+  // A collector that appears late is found quickly.
+  FakeCollector collector;
+  ASSERT_EQ(collector.Start(port, {}), port);
+  EXPECT_TRUE(WaitFor([&] { return shipper.stats().connected; }, std::chrono::seconds(5)));
+}
+
+TEST(ShipperTest, StuckStreamIsReplacedAfterAckTimeout) {
+  FakeCollector collector;
+  const int port = collector.Start(0, {/*ack=*/false});
+  ASSERT_GT(port, 0);
+  ShipperOptions o = Options(port);
+  o.ack_timeout = absl::Milliseconds(300);
+  Shipper shipper(o, nullptr, nullptr);
+  ASSERT_TRUE(shipper.Start().ok());
+  shipper.AddStep(Step(0));
+  shipper.FlushNow();
+  ASSERT_TRUE(WaitFor([&] { return shipper.stats().connects_total >= 3; }));
+  // The same batch was offered again on each new stream.
+  EXPECT_GE(shipper.stats().batches_resent_total, 2u);
+  EXPECT_EQ(shipper.stats().buffered_batches, 1u);
+}
+
+TEST(ShipperTest, PendingEventsAreBounded) {
+  ShipperOptions o = Options(UnusedPort());
+  o.max_pending_events = 5;
+  Shipper shipper(o, nullptr, nullptr);
+  ASSERT_TRUE(shipper.Start().ok());
+  for (int i = 0; i < 8; ++i) shipper.AddStep(Step(i));
+  EXPECT_EQ(shipper.stats().pending_events, 5u);
+  EXPECT_EQ(shipper.stats().events_dropped_total, 3u);
+  shipper.FlushNow();
+  EXPECT_EQ(shipper.stats().pending_events, 0u);
+  EXPECT_EQ(shipper.stats().events_shipped_total, 5u);
+}
+
+TEST(ShipperTest, LargeIntervalsAreSplitIntoSeveralBatches) {
+  FakeCollector collector;
+  const int port = collector.Start(0, {});
+  ShipperOptions o = Options(port);
+  o.max_events_per_batch = 4;
+  FakeGpus gpus;
+  Shipper shipper(o, &gpus, nullptr);
+  ASSERT_TRUE(shipper.Start().ok());
+  for (int i = 0; i < 10; ++i) shipper.AddStep(Step(i));
+  shipper.FlushNow();
+  ASSERT_TRUE(WaitFor([&] { return collector.batches().size() == 3; }));
+  const auto batches = collector.batches();
+  EXPECT_EQ(batches[0].steps_size(), 4);
+  EXPECT_EQ(batches[1].steps_size(), 4);
+  EXPECT_EQ(batches[2].steps_size(), 2);
+  EXPECT_EQ(batches[0].gpus_size(), 2);
+  EXPECT_EQ(batches[1].gpus_size(), 0);  // samples go once per interval
+  EXPECT_EQ(collector.unique_steps().size(), 10u);
+}
+
+TEST(ShipperTest, StopFlushesPendingEvents) {
+  FakeCollector collector;
+  const int port = collector.Start(0, {});
+  Shipper shipper(Options(port), nullptr, nullptr);
+  ASSERT_TRUE(shipper.Start().ok());
+  ASSERT_TRUE(WaitFor([&] { return shipper.stats().connected; }));
+  shipper.AddStep(Step(42));
+  shipper.Stop(absl::Seconds(5));
+  EXPECT_EQ(AsSet(collector.unique_steps()), std::set<int64_t>({42}));
+  EXPECT_EQ(shipper.stats().buffered_batches, 0u);
+}
+
+TEST(ShipperTest, StopIsBoundedWithoutCollector) {
+  Shipper shipper(Options(UnusedPort()), nullptr, nullptr);
+  ASSERT_TRUE(shipper.Start().ok());
+  shipper.AddStep(Step(1));
+  const auto start = std::chrono::steady_clock::now();
+  shipper.Stop(absl::Milliseconds(200));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+  EXPECT_EQ(shipper.stats().buffered_batches, 1u);
+}
+
+TEST(ShipperTest, RejectsBadOptions) {
+  ShipperOptions o = Options(1);
+  o.agent_id.clear();
+  EXPECT_FALSE(Shipper(o, nullptr, nullptr).Start().ok());
+  o = Options(1);
+  o.interval = absl::ZeroDuration();
+  EXPECT_FALSE(Shipper(o, nullptr, nullptr).Start().ok());
+}
+
+}  // namespace
+}  // namespace stepwatch::agent

@@ -1,0 +1,229 @@
+#include "agent/step_event_parser.h"
+
+#include <set>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace stepwatch::agent {
+namespace {
+
+constexpr char kValid[] =
+    R"({"job":"llama","rank":3,"world_size":8,"step":120,"step_s":0.5,"data_s":0.01,)"
+    R"("compute_s":0.4,"comm_s":0.09,"samples":32,"local_rank":3,"gpu":3,"dp_rank":3,)"
+    R"("pp_stage":0,"tp_rank":0})";
+
+RejectReason ReasonOf(const std::string& datagram) {
+  v1::StepEvent event;
+  std::optional<Rejection> r = ParseStepEvent(datagram, &event);
+  EXPECT_TRUE(r.has_value()) << "accepted: " << datagram;
+  return r ? r->reason : RejectReason::kNotJson;
+}
+
+// Replaces `"field":<old value>` in kValid by `"field":<value>`.
+std::string WithField(const std::string& field, const std::string& value) {
+  std::string s = kValid;
+  const std::string key = "\"" + field + "\":";
+  const size_t pos = s.find(key);
+  EXPECT_NE(pos, std::string::npos) << field;
+  const size_t start = pos + key.size();
+  const size_t end = s.find_first_of(",}", start);
+  return s.substr(0, start) + value + s.substr(end);
+}
+
+std::string WithoutField(const std::string& field) {
+  std::string s = kValid;
+  const std::string key = "\"" + field + "\":";
+  const size_t pos = s.find(key);
+  const size_t end = s.find_first_of(",}", pos);
+  // Remove the member and one adjacent comma.
+  if (s[end] == ',') return s.substr(0, pos) + s.substr(end + 1);
+  return s.substr(0, pos - 1) + s.substr(end);
+}
+
+TEST(StepEventParserTest, AcceptsAllFields) {
+  v1::StepEvent e;
+  ASSERT_FALSE(ParseStepEvent(kValid, &e).has_value());
+  EXPECT_EQ(e.job(), "llama");
+  EXPECT_EQ(e.rank(), 3);
+  EXPECT_EQ(e.world_size(), 8);
+  EXPECT_EQ(e.step(), 120);
+  EXPECT_DOUBLE_EQ(e.step_s(), 0.5);
+  EXPECT_DOUBLE_EQ(e.data_s(), 0.01);
+  EXPECT_DOUBLE_EQ(e.compute_s(), 0.4);
+  EXPECT_DOUBLE_EQ(e.comm_s(), 0.09);
+  EXPECT_EQ(e.samples(), 32);
+  EXPECT_EQ(e.local_rank(), 3);
+  EXPECT_EQ(e.gpu(), 3);
+  EXPECT_EQ(e.dp_rank(), 3);
+  EXPECT_TRUE(e.has_pp_stage());
+  EXPECT_EQ(e.pp_stage(), 0);
+  EXPECT_TRUE(e.has_tp_rank());
+}
+
+TEST(StepEventParserTest, OptionalFieldsStayAbsent) {
+  v1::StepEvent e;
+  ASSERT_FALSE(
+      ParseStepEvent(R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1})", &e).has_value());
+  EXPECT_FALSE(e.has_data_s());
+  EXPECT_FALSE(e.has_compute_s());
+  EXPECT_FALSE(e.has_comm_s());
+  EXPECT_FALSE(e.has_samples());
+  EXPECT_FALSE(e.has_gpu());
+  EXPECT_DOUBLE_EQ(e.step_s(), 1.0);  // an integral literal is fine for a double field
+}
+
+TEST(StepEventParserTest, AcceptsLowerCamelCase) {
+  v1::StepEvent e;
+  ASSERT_FALSE(ParseStepEvent(R"({"job":"j","rank":1,"worldSize":2,"step":5,"stepS":0.2,)"
+                              R"("dataS":0.1,"computeS":0.05,"commS":0.05,"localRank":1,)"
+                              R"("dpRank":1,"ppStage":2,"tpRank":3})",
+                              &e)
+                   .has_value());
+  EXPECT_EQ(e.world_size(), 2);
+  EXPECT_DOUBLE_EQ(e.step_s(), 0.2);
+  EXPECT_DOUBLE_EQ(e.data_s(), 0.1);
+  EXPECT_EQ(e.local_rank(), 1);
+  EXPECT_EQ(e.pp_stage(), 2);
+  EXPECT_EQ(e.tp_rank(), 3);
+}
+
+TEST(StepEventParserTest, IgnoresUnknownFieldsAndSenderOwnedOnes) {
+  v1::StepEvent e;
+  ASSERT_FALSE(ParseStepEvent(R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,)"
+                              R"("future":{"nested":[1,2,{"x":null}]},"pid":999,)"
+                              R"("received_unix_nanos":5,"note":"hi"})",
+                              &e)
+                   .has_value());
+  EXPECT_EQ(e.pid(), 0);
+  EXPECT_EQ(e.received_unix_nanos(), 0);
+}
+
+TEST(StepEventParserTest, NullMeansAbsent) {
+  v1::StepEvent e;
+  ASSERT_FALSE(ParseStepEvent(WithField("data_s", "null"), &e).has_value());
+  EXPECT_FALSE(e.has_data_s());
+  EXPECT_EQ(ReasonOf(WithField("rank", "null")), RejectReason::kMissingField);
+}
+
+TEST(StepEventParserTest, AcceptsUnicodeJob) {
+  v1::StepEvent e;
+  ASSERT_FALSE(ParseStepEvent(WithField("job", R"("j\u00e9b-\ud83d\ude80")"), &e).has_value());
+  EXPECT_EQ(e.job(),
+            "j\xc3\xa9"
+            "b-\xf0\x9f\x9a\x80");
+}
+
+TEST(StepEventParserTest, RejectsNotJson) {
+  EXPECT_EQ(ReasonOf(""), RejectReason::kNotJson);
+  EXPECT_EQ(ReasonOf("{"), RejectReason::kNotJson);
+  EXPECT_EQ(ReasonOf("hello"), RejectReason::kNotJson);
+  EXPECT_EQ(ReasonOf(WithField("step_s", "NaN")), RejectReason::kNotJson);
+  EXPECT_EQ(ReasonOf(WithField("step_s", "Infinity")), RejectReason::kNotJson);
+  EXPECT_EQ(ReasonOf(std::string(kValid) + ","), RejectReason::kNotJson);
+  EXPECT_EQ(ReasonOf(std::string(kValid) + std::string(kValid)), RejectReason::kNotJson);
+  // Invalid UTF-8 inside a string.
+  EXPECT_EQ(ReasonOf(WithField("job", "\"a\xff\"")), RejectReason::kNotJson);
+  // The same key twice is malformed JSON for us.
+  EXPECT_EQ(ReasonOf(R"({"job":"a","job":"b","rank":0,"world_size":1,"step":0,"step_s":1})"),
+            RejectReason::kNotJson);
+}
+
+TEST(StepEventParserTest, RejectsNotObject) {
+  EXPECT_EQ(ReasonOf("[1,2]"), RejectReason::kNotObject);
+  EXPECT_EQ(ReasonOf("42"), RejectReason::kNotObject);
+  EXPECT_EQ(ReasonOf("\"job\""), RejectReason::kNotObject);
+  EXPECT_EQ(ReasonOf("null"), RejectReason::kNotObject);
+}
+
+TEST(StepEventParserTest, RejectsEachMissingRequiredField) {
+  for (const char* field : {"job", "rank", "world_size", "step", "step_s"}) {
+    SCOPED_TRACE(field);
+    EXPECT_EQ(ReasonOf(WithoutField(field)), RejectReason::kMissingField);
+  }
+  EXPECT_EQ(ReasonOf("{}"), RejectReason::kMissingField);
+}
+
+TEST(StepEventParserTest, RejectsWrongTypes) {
+  EXPECT_EQ(ReasonOf(WithField("job", "7")), RejectReason::kWrongType);
+  EXPECT_EQ(ReasonOf(WithField("rank", "\"3\"")), RejectReason::kWrongType);
+  EXPECT_EQ(ReasonOf(WithField("rank", "3.0")), RejectReason::kWrongType);
+  EXPECT_EQ(ReasonOf(WithField("rank", "3e0")), RejectReason::kWrongType);
+  EXPECT_EQ(ReasonOf(WithField("world_size", "true")), RejectReason::kWrongType);
+  EXPECT_EQ(ReasonOf(WithField("step", "1.5")), RejectReason::kWrongType);
+  EXPECT_EQ(ReasonOf(WithField("step_s", "\"0.5\"")), RejectReason::kWrongType);
+  EXPECT_EQ(ReasonOf(WithField("data_s", "[0.1]")), RejectReason::kWrongType);
+  EXPECT_EQ(ReasonOf(WithField("samples", "{}")), RejectReason::kWrongType);
+  EXPECT_EQ(ReasonOf(WithField("gpu", "0.5")), RejectReason::kWrongType);
+}
+
+TEST(StepEventParserTest, RejectsOutOfRange) {
+  EXPECT_EQ(ReasonOf(WithField("rank", "8")), RejectReason::kOutOfRange);  // == world_size
+  EXPECT_EQ(ReasonOf(WithField("rank", "-1")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("world_size", "0")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("world_size", "4294967296")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("step", "-1")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("step", "99999999999999999999")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("step_s", "0")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("step_s", "-0.5")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("step_s", "1e400")), RejectReason::kNotJson);  // not finite
+  EXPECT_EQ(ReasonOf(WithField("data_s", "-0.01")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("compute_s", "-1")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("comm_s", "-1e-9")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("samples", "-3")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("gpu", "-1")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("job", "\"\"")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("job", "\"" + std::string(kMaxJobBytes + 1, 'x') + "\"")),
+            RejectReason::kOutOfRange);
+  v1::StepEvent e;
+  EXPECT_FALSE(ParseStepEvent(WithField("job", "\"" + std::string(kMaxJobBytes, 'x') + "\""), &e)
+                   .has_value());
+  EXPECT_FALSE(ParseStepEvent(WithField("data_s", "0"), &e).has_value());  // zero is fine
+}
+
+TEST(StepEventParserTest, RejectsDuplicateSpellings) {
+  EXPECT_EQ(ReasonOf(R"({"job":"j","rank":0,"world_size":1,"worldSize":1,"step":0,"step_s":1})"),
+            RejectReason::kDuplicateField);
+}
+
+TEST(StepEventParserTest, RejectsTooLarge) {
+  // Valid JSON padded with an unknown field to just over the limit.
+  std::string big = R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"pad":")";
+  big += std::string(kMaxDatagramBytes - big.size() - 1, 'x');
+  big += "\"}";
+  ASSERT_EQ(big.size(), kMaxDatagramBytes + 1);
+  EXPECT_EQ(ReasonOf(big), RejectReason::kTooLarge);
+  // One byte less is accepted.
+  big.erase(big.size() - 3, 1);
+  v1::StepEvent e;
+  EXPECT_FALSE(ParseStepEvent(big, &e).has_value());
+}
+
+TEST(StepEventParserTest, RejectsDeepNesting) {
+  std::string deep = R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"x":)";
+  deep += std::string(100, '[') + std::string(100, ']') + "}";
+  EXPECT_EQ(ReasonOf(deep), RejectReason::kNotJson);
+}
+
+TEST(StepEventParserTest, ClearsThePreviousEvent) {
+  v1::StepEvent e;
+  ASSERT_FALSE(ParseStepEvent(kValid, &e).has_value());
+  ASSERT_FALSE(
+      ParseStepEvent(R"({"job":"k","rank":0,"world_size":1,"step":0,"step_s":1})", &e).has_value());
+  EXPECT_FALSE(e.has_data_s());
+  EXPECT_EQ(e.job(), "k");
+}
+
+TEST(StepEventParserTest, ReasonNamesAreDistinctSnakeCase) {
+  std::set<std::string> names;
+  for (int i = 0; i < kRejectReasonCount; ++i) {
+    const std::string name = RejectReasonName(static_cast<RejectReason>(i));
+    EXPECT_NE(name, "unknown");
+    for (char c : name) EXPECT_TRUE(c == '_' || (c >= 'a' && c <= 'z')) << name;
+    names.insert(name);
+  }
+  EXPECT_EQ(names.size(), static_cast<size_t>(kRejectReasonCount));
+}
+
+}  // namespace
+}  // namespace stepwatch::agent

@@ -1,0 +1,50 @@
+// Small helpers shared by the agent tests.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+
+namespace stepwatch::agent::testing {
+
+// Polls `condition` every 5 ms until it holds or `timeout` passes. Returns whether it held.
+inline bool WaitFor(const std::function<bool()>& condition,
+                    std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return condition();
+}
+
+// A fresh private directory under $TMPDIR, removed (non-recursively for files we know) by the OS
+// temp cleaner; tests only create sockets and small files in it.
+inline std::string MakeTempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string templ = std::string(base && *base ? base : "/tmp") + "/stepwatch-agent-test-XXXXXX";
+  char* dir = ::mkdtemp(templ.data());
+  return dir ? std::string(dir) : std::string();
+}
+
+// Sends one datagram to a Unix socket path; returns whether the kernel took it.
+inline bool SendDatagram(const std::string& path, const std::string& payload) {
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const ssize_t n = ::sendto(fd, payload.data(), payload.size(), 0,
+                             reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  ::close(fd);
+  return n == static_cast<ssize_t>(payload.size());
+}
+
+}  // namespace stepwatch::agent::testing

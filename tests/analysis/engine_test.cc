@@ -1,0 +1,678 @@
+#include "analysis/engine.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+namespace stepwatch::analysis {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kT0 = 1'700'000'000'000'000'000;
+constexpr int64_t kSec = 1'000'000'000;
+
+// Per-rank split of one step; the step time is the synchronous one: max busy + collective.
+struct Split {
+  double compute = 0.4;
+  double data = 0.02;
+};
+
+// Drives an engine with a synchronous data-parallel job: every rank reports the same step time;
+// the split shows who waited. `split(rank, step)` gives each rank's busy time.
+class JobDriver {
+ public:
+  JobDriver(Engine* engine, std::string job, int nodes, int gpus, double comm_s = 0.1,
+            uint64_t seed = 1)
+      : engine_(engine),
+        job_(std::move(job)),
+        nodes_(nodes),
+        gpus_(gpus),
+        comm_s_(comm_s),
+        rng_(seed) {}
+
+  // Noise: coefficient of variation on each rank's compute and data.
+  double noise_cv = 0.02;
+  std::function<Split(int rank, int64_t step)> split = [](int, int64_t) { return Split{}; };
+  bool report_split = true;       // data_s + compute_s + comm_s
+  bool report_comm_only = false;  // step_s + comm_s
+  int64_t samples = 16;
+  std::function<void(StepSample&)> decorate;
+
+  int world() const { return nodes_ * gpus_; }
+  int64_t now() const { return now_; }
+  int64_t step() const { return step_; }
+
+  // Runs `n` steps; returns false if AddStep failed.
+  void Run(int64_t n) {
+    std::normal_distribution<double> normal(0, 1);
+    for (int64_t i = 0; i < n; ++i, ++step_) {
+      std::vector<Split> s(world());
+      double max_busy = 0;
+      for (int r = 0; r < world(); ++r) {
+        s[r] = split(r, step_);
+        s[r].compute *= std::max(0.2, 1 + noise_cv * normal(rng_));
+        s[r].data *= std::max(0.0, 1 + noise_cv * normal(rng_));
+        max_busy = std::max(max_busy, s[r].compute + s[r].data);
+      }
+      const double step_s = max_busy + comm_s_;
+      now_ += static_cast<int64_t>(step_s * kSec);
+      for (int r = 0; r < world(); ++r) {
+        StepSample x;
+        x.job = job_;
+        x.rank = r;
+        x.world_size = world();
+        x.step = step_;
+        x.step_s = step_s;
+        const double wait = std::max(0.0, step_s - s[r].compute - s[r].data);
+        if (report_split) {
+          x.compute_s = s[r].compute;
+          x.data_s = s[r].data;
+          x.comm_s = wait;
+        } else if (report_comm_only) {
+          x.comm_s = wait;
+        }
+        if (samples > 0) x.samples = samples;
+        x.local_rank = r % gpus_;
+        x.node = "node-" + std::to_string(r / gpus_);
+        x.pid = 5000 + r;
+        x.received_unix_nanos = now_;
+        if (decorate) decorate(x);
+        absl::Status st = engine_->AddStep(x);
+        ASSERT_TRUE(st.ok()) << st;
+      }
+      engine_->Advance(now_);
+      if (after_step) after_step(step_);
+    }
+  }
+  std::function<void(int64_t)> after_step;
+
+ private:
+  Engine* engine_;
+  std::string job_;
+  int nodes_, gpus_;
+  double comm_s_;
+  std::mt19937_64 rng_;
+  int64_t step_ = 0;
+  int64_t now_ = kT0;
+};
+
+std::vector<Finding> Of(const Engine& e, FindingKind kind) {
+  std::vector<Finding> out;
+  for (const Finding& f : e.Findings()) {
+    if (f.kind == kind) out.push_back(f);
+  }
+  return out;
+}
+
+TEST(EngineTest, JobBasics) {
+  Engine e;
+  JobDriver d(&e, "bert", 2, 4, /*comm_s=*/0.1);
+  d.noise_cv = 0;
+  d.Run(40);
+  auto job = e.Job("bert");
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->world_size, 8);
+  EXPECT_EQ(job->ranks_reporting, 8);
+  EXPECT_EQ(job->last_step, 39);
+  EXPECT_NEAR(job->median_step_s, 0.52, 1e-6);
+  EXPECT_NEAR(job->steps_per_second, 1 / 0.52, 1e-6);
+  EXPECT_NEAR(job->samples_per_second, 8 * 16 / 0.52, 1e-3);
+  EXPECT_NEAR(job->efficiency_ratio, 0.42 / 0.52, 1e-3);
+  EXPECT_NEAR(job->breakdown.compute, 0.40 / 0.52, 1e-3);
+  EXPECT_NEAR(job->breakdown.data, 0.02 / 0.52, 1e-3);
+  EXPECT_NEAR(job->breakdown.comm, 0.10 / 0.52, 1e-3);
+  EXPECT_NEAR(job->breakdown.imbalance, 0, 1e-6);
+  EXPECT_NEAR(job->whatif.overlap, 0.52 / 0.42, 1e-3);
+  EXPECT_NEAR(job->whatif.data, 0.52 / 0.50, 1e-3);
+  EXPECT_NEAR(job->whatif.stragglers, 1, 1e-6);
+  EXPECT_EQ(e.Jobs().size(), 1u);
+  auto ranks = e.Ranks("bert");
+  ASSERT_EQ(ranks.size(), 8u);
+  EXPECT_EQ(ranks[5].node, "node-1");
+  EXPECT_EQ(ranks[5].gpu, 1);
+  EXPECT_NEAR(ranks[5].compute_s, 0.4, 1e-6);
+  EXPECT_NEAR(ranks[5].comm_s, 0.1, 1e-6);
+  EXPECT_TRUE(e.Findings().empty());
+  e.RemoveJob("bert");
+  EXPECT_FALSE(e.Job("bert").has_value());
+}
+
+TEST(EngineTest, RejectsBadSamplesAndEnforcesLimits) {
+  EngineOptions o;
+  o.max_jobs = 1;
+  o.max_ranks_per_job = 4;
+  Engine e(o);
+  StepSample s;
+  s.job = "a";
+  s.world_size = 2;
+  s.rank = 0;
+  s.step_s = 1;
+  EXPECT_TRUE(e.AddStep(s).ok());
+  StepSample bad = s;
+  bad.rank = 2;
+  EXPECT_EQ(e.AddStep(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = s;
+  bad.step_s = std::nan("");
+  EXPECT_EQ(e.AddStep(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = s;
+  bad.comm_s = -1;
+  EXPECT_EQ(e.AddStep(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = s;
+  bad.job = "";
+  EXPECT_EQ(e.AddStep(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = s;
+  bad.job = "b";
+  EXPECT_EQ(e.AddStep(bad).code(), absl::StatusCode::kResourceExhausted);
+  bad = s;
+  bad.world_size = 5;
+  EXPECT_EQ(e.AddStep(bad).code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(EngineTest, StepCompletesAfterGraceWhenARankIsMissing) {
+  Engine e;
+  for (int r = 0; r < 3; ++r) {  // rank 3 of 4 never reports
+    StepSample s;
+    s.job = "j";
+    s.world_size = 4;
+    s.rank = r;
+    s.step = 7;
+    s.step_s = 2;
+    s.received_unix_nanos = kT0;
+    ASSERT_TRUE(e.AddStep(s).ok());
+  }
+  EXPECT_EQ(e.Job("j")->median_step_s, 0);  // still pending
+  e.Advance(kT0 + 4 * kSec);
+  EXPECT_EQ(e.Job("j")->median_step_s, 0);
+  e.Advance(kT0 + 5 * kSec);
+  EXPECT_EQ(e.Job("j")->median_step_s, 2);
+  EXPECT_EQ(e.Job("j")->last_step, 7);
+}
+
+TEST(EngineTest, SparseStepsAndDuplicatesAreHandled) {
+  Engine e;
+  for (int64_t step : {0, 10, 10, 20, 30}) {
+    for (int r = 0; r < 2; ++r) {
+      StepSample s;
+      s.job = "j";
+      s.world_size = 2;
+      s.rank = r;
+      s.step = step;
+      s.step_s = 1;
+      s.received_unix_nanos = kT0 + step * kSec;
+      ASSERT_TRUE(e.AddStep(s).ok());
+    }
+  }
+  auto job = e.Job("j");
+  EXPECT_EQ(job->last_step, 30);
+  EXPECT_EQ(job->median_step_s, 1);
+  EXPECT_EQ(e.Ranks("j")[0].busy_s, 1);
+}
+
+// "Should we overlap communication with compute, or rebalance the load?"
+TEST(EngineTest, WhatIfOverlapVsRebalanceComeOutTheRightWayRound) {
+  {
+    Engine e;  // communication heavy, balanced: overlap wins
+    JobDriver d(&e, "comm-heavy", 2, 4, /*comm_s=*/0.3);
+    d.Run(64);
+    auto job = e.Job("comm-heavy");
+    EXPECT_GT(job->whatif.overlap, 1.4);
+    EXPECT_LT(job->whatif.stragglers, 1.1);
+    EXPECT_GT(job->whatif.overlap, job->whatif.stragglers);
+    EXPECT_GT(job->breakdown.comm, job->breakdown.imbalance);
+  }
+  {
+    Engine e;  // imbalanced, little communication: rebalancing wins
+    JobDriver d(&e, "imbalanced", 2, 4, /*comm_s=*/0.02);
+    d.split = [](int rank, int64_t) { return Split{rank == 3 ? 0.7 : 0.4, 0.02}; };
+    d.Run(64);
+    auto job = e.Job("imbalanced");
+    EXPECT_GT(job->whatif.stragglers, 1.4);
+    EXPECT_LT(job->whatif.overlap, 1.1);
+    EXPECT_GT(job->whatif.stragglers, job->whatif.overlap);
+    EXPECT_GT(job->breakdown.imbalance, job->breakdown.comm);
+  }
+}
+
+TEST(EngineTest, StragglerTenPercentFlaggedAndClearedWithinTwentySteps) {
+  Engine e;
+  JobDriver d(&e, "j", 4, 8);
+  d.noise_cv = 0.05;
+  const int64_t onset = 200, end = 600;
+  d.split = [&](int rank, int64_t step) {
+    return Split{(rank == 13 && step >= onset && step < end) ? 0.44 * 1.1 / 1.0 : 0.4, 0.02};
+  };
+  int64_t flagged_at = -1, cleared_at = -1;
+  d.after_step = [&](int64_t step) {
+    bool flagged = false;
+    for (const Finding& f : e.Findings()) {
+      if (f.kind == FindingKind::kStraggler) {
+        EXPECT_EQ(f.rank, 13) << f.summary;
+        flagged = true;
+      }
+    }
+    if (flagged && flagged_at < 0) flagged_at = step;
+    if (!flagged && flagged_at >= 0 && step >= end && cleared_at < 0) cleared_at = step;
+  };
+  d.Run(800);
+  ASSERT_GE(flagged_at, onset);
+  EXPECT_LE(flagged_at - onset, 20);
+  ASSERT_GE(cleared_at, end);
+  EXPECT_LE(cleared_at - end, 20);
+}
+
+TEST(EngineTest, StragglerSummaryNamesComputeAndThrottling) {
+  Engine e;
+  JobDriver d(&e, "j", 2, 8);
+  d.split = [](int rank, int64_t) { return Split{rank == 13 ? 0.4 * 1.31 : 0.4, 0.02}; };
+  d.after_step = [&](int64_t step) {
+    if (step % 10 != 0) return;
+    for (int n = 0; n < 2; ++n) {
+      for (int g = 0; g < 8; ++g) {
+        GpuReading x;
+        x.node = "node-" + std::to_string(n);
+        x.index = g;
+        x.sampled_unix_nanos = d.now();
+        x.utilization_ratio = 0.95;
+        bool hot = n == 1 && g == 5;
+        x.sm_clock_mhz = hot ? 1410 : 1980;
+        x.sm_clock_max_mhz = 1980;
+        x.throttle_reasons = hot ? 0x40 : 0;
+        x.pids = {static_cast<uint32_t>(5000 + n * 8 + g)};
+        e.AddGpu(x);
+      }
+    }
+  };
+  d.decorate = [](StepSample& s) { s.local_rank.reset(); };  // tie rank to GPU by pid only
+  d.Run(300);
+  auto f = Of(e, FindingKind::kStraggler);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].rank, 13);
+  EXPECT_EQ(f[0].node, "node-1");
+  EXPECT_EQ(f[0].gpu, 5);
+  EXPECT_TRUE(f[0].persistent);
+  EXPECT_THAT(f[0].summary, HasSubstr("rank 13 on node-1 GPU 5: compute +3"));
+  EXPECT_THAT(f[0].summary, HasSubstr("SM clock 1410 of 1980 MHz, thermal throttling"));
+  auto ranks = e.Ranks("j");
+  EXPECT_TRUE(ranks[13].straggler);
+  EXPECT_GT(ranks[13].busy_vs_median_ratio, 1.2);
+}
+
+TEST(EngineTest, TransientStragglerIsNotPersistent) {
+  Engine e;
+  JobDriver d(&e, "j", 1, 8);
+  d.split = [](int rank, int64_t step) {
+    return Split{rank == 2 && step >= 100 ? 0.6 : 0.4, 0.02};
+  };
+  d.Run(130);
+  auto f = Of(e, FindingKind::kStraggler);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_FALSE(f[0].persistent);
+  EXPECT_GE(f[0].since_step, 100);
+  EXPECT_LE(f[0].since_step, 110);
+}
+
+TEST(EngineTest, DataLoadingStragglerIsAttributedToData) {
+  Engine e;
+  JobDriver d(&e, "j", 1, 8);
+  d.split = [](int rank, int64_t) { return Split{0.4, rank == 6 ? 0.2 : 0.02}; };
+  d.Run(60);
+  auto f = Of(e, FindingKind::kStraggler);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].rank, 6);
+  EXPECT_THAT(f[0].summary, HasSubstr("data loading +"));
+}
+
+TEST(EngineTest, FastHealthyJobIsNotFlaggedThanksToAbsoluteMargin) {
+  // 1.6 ms of busy time in a 9.5 ms step: relative noise is large, the absolute excess is not.
+  Engine e;
+  JobDriver d(&e, "ddp", 1, 4, /*comm_s=*/0.0079);
+  d.noise_cv = 0.25;
+  d.split = [](int rank, int64_t) { return Split{rank == 1 ? 0.0017 : 0.0015, 0.0001}; };
+  d.Run(2000);
+  EXPECT_TRUE(Of(e, FindingKind::kStraggler).empty());
+}
+
+TEST(EngineTest, WaitAsymmetryFindsStragglerFromStepAndCommOnly) {
+  Engine e;
+  JobDriver d(&e, "j", 1, 8);
+  d.report_split = false;
+  d.report_comm_only = true;
+  d.split = [](int rank, int64_t) { return Split{rank == 4 ? 0.55 : 0.4, 0.02}; };
+  d.Run(60);
+  auto f = Of(e, FindingKind::kStraggler);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].rank, 4);
+}
+
+TEST(EngineTest, StepOnlyReportsGiveNoStraggler) {
+  Engine e;
+  JobDriver d(&e, "j", 1, 8);
+  d.report_split = false;
+  d.split = [](int rank, int64_t) { return Split{rank == 4 ? 0.55 : 0.4, 0.02}; };
+  d.Run(60);
+  EXPECT_TRUE(Of(e, FindingKind::kStraggler).empty());  // all step times are equal
+}
+
+TEST(EngineTest, WholeSlowNodeIsOneNodeFinding) {
+  Engine e;
+  JobDriver d(&e, "j", 4, 8);
+  d.split = [](int rank, int64_t) { return Split{rank / 8 == 2 ? 0.5 : 0.4, 0.02}; };
+  HostReading h;
+  h.node = "node-2";
+  h.cpu_utilization_ratio = 0.99;
+  e.AddHost(h);
+  d.Run(60);
+  EXPECT_TRUE(Of(e, FindingKind::kStraggler).empty());
+  auto f = Of(e, FindingKind::kSlowNode);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].node, "node-2");
+  EXPECT_THAT(f[0].summary, HasSubstr("all 8 ranks slow"));
+  EXPECT_THAT(f[0].summary, HasSubstr("host CPU 99%"));
+}
+
+TEST(EngineTest, PipelineStagesArePeersOnlyWithinAStage) {
+  Engine e;
+  JobDriver d(&e, "pp", 2, 8);
+  // 4 stages of 4 ranks; stage 3 has 1.6x the work of the others.
+  d.split = [](int rank, int64_t) { return Split{rank / 4 == 3 ? 0.64 : 0.4, 0.0}; };
+  d.decorate = [](StepSample& s) {
+    s.pp_stage = s.rank / 4;
+    s.tp_rank = 0;
+    s.dp_rank = s.rank % 4;
+  };
+  d.Run(60);
+  EXPECT_TRUE(Of(e, FindingKind::kStraggler).empty());
+  auto f = Of(e, FindingKind::kPipelineImbalance);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_THAT(f[0].summary, HasSubstr("stage 3 takes 1.6x the other stages"));
+}
+
+TEST(EngineTest, StragglerWithinAPipelineStage) {
+  Engine e;
+  JobDriver d(&e, "pp", 2, 8);
+  d.split = [](int rank, int64_t) {
+    double c = rank / 4 == 3 ? 0.6 : 0.4;
+    return Split{rank == 9 ? c * 1.3 : c, 0.0};
+  };
+  d.decorate = [](StepSample& s) {
+    s.pp_stage = s.rank / 4;
+    s.tp_rank = 0;
+  };
+  d.Run(60);
+  auto f = Of(e, FindingKind::kStraggler);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].rank, 9);
+}
+
+GpuReading Reading(const std::string& node, int index, int64_t t, double util,
+                   std::vector<uint32_t> pids) {
+  GpuReading x;
+  x.node = node;
+  x.index = index;
+  x.sampled_unix_nanos = t;
+  x.utilization_ratio = util;
+  x.pids = std::move(pids);
+  return x;
+}
+
+TEST(EngineTest, UnderutilizedGpuFlaggedWithinWindowWithDataCause) {
+  Engine e;  // default window 30 s
+  JobDriver d(&e, "j", 1, 4, 0.05);
+  d.split = [](int, int64_t) { return Split{0.2, 0.3}; };  // data-bound
+  d.Run(20);
+  int64_t first_below = -1, flagged_at = -1;
+  for (int i = 0; i < 60 && flagged_at < 0; ++i) {
+    int64_t t = d.now() + i * kSec;
+    e.AddGpu(Reading("node-0", 2, t, 0.3, {5002}));
+    if (first_below < 0) first_below = t;
+    e.Advance(t);
+    if (!Of(e, FindingKind::kUnderutilizedGpu).empty()) flagged_at = t;
+  }
+  ASSERT_GE(flagged_at, 0);
+  EXPECT_LE(flagged_at - first_below, 30 * kSec + 5 * kSec);
+  EXPECT_GE(flagged_at - first_below, 30 * kSec);
+  auto f = Of(e, FindingKind::kUnderutilizedGpu);
+  EXPECT_EQ(f[0].job, "j");
+  EXPECT_EQ(f[0].rank, 2);
+  EXPECT_THAT(f[0].summary, HasSubstr("waiting for input data"));
+  e.AddGpu(Reading("node-0", 2, flagged_at + kSec, 0.9, {5002}));
+  EXPECT_TRUE(Of(e, FindingKind::kUnderutilizedGpu).empty());
+}
+
+TEST(EngineTest, UnderutilizationCauses) {
+  EngineOptions o;
+  o.underutil_window_nanos = 5 * kSec;
+  {
+    Engine e(o);
+    JobDriver d(&e, "j", 1, 4, 0.05);
+    d.Run(20);
+    HostReading h;
+    h.node = "node-0";
+    h.cpu_utilization_ratio = 0.97;
+    e.AddHost(h);
+    for (int i = 0; i <= 6; ++i) e.AddGpu(Reading("node-0", 1, d.now() + i * kSec, 0.2, {5001}));
+    auto f = Of(e, FindingKind::kUnderutilizedGpu);
+    ASSERT_EQ(f.size(), 1u);
+    EXPECT_THAT(f[0].summary, HasSubstr("host CPU bound"));
+  }
+  {
+    Engine e(o);
+    JobDriver d(&e, "j", 1, 4, 0.05);
+    d.Run(20);
+    for (int i = 0; i <= 6; ++i) {
+      GpuReading x = Reading("node-0", 1, d.now() + i * kSec, 0.9, {5001});
+      x.sm_activity_ratio = 0.3;
+      x.dram_bandwidth_ratio = 0.85;
+      e.AddGpu(x);
+    }
+    auto f = Of(e, FindingKind::kUnderutilizedGpu);
+    ASSERT_EQ(f.size(), 1u);
+    EXPECT_THAT(f[0].summary, HasSubstr("memory-bandwidth bound"));
+  }
+  {
+    Engine e(o);
+    JobDriver d(&e, "j", 1, 4, /*comm_s=*/0.5);
+    d.after_step = [&](int64_t) {
+      GpuReading x = Reading("node-0", 1, d.now(), 0.9, {5001});
+      x.sm_activity_ratio = 0.3;  // NVML utilization counts spinning collectives; SM activity not
+      e.AddGpu(x);
+    };
+    d.Run(20);
+    auto f = Of(e, FindingKind::kUnderutilizedGpu);
+    ASSERT_EQ(f.size(), 1u);
+    EXPECT_THAT(f[0].summary, HasSubstr("communication bound")) << f[0].summary;
+  }
+}
+
+TEST(EngineTest, GpuWithoutProcessIsIdleCapacityNotAJobProblem) {
+  EngineOptions o;
+  o.underutil_window_nanos = 5 * kSec;
+  Engine e(o);
+  for (int i = 0; i <= 6; ++i) {
+    e.AddGpu(Reading("node-9", 7, kT0 + i * kSec, 0.0, {}));
+    e.AddGpu(Reading("node-9", 6, kT0 + i * kSec, 0.0, {4242}));  // someone else's process
+  }
+  auto all = e.Findings();
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].kind, FindingKind::kIdleGpu);
+  EXPECT_EQ(all[0].gpu, 7);
+  EXPECT_EQ(all[0].job, "");
+  e.RemoveNode("node-9");
+  EXPECT_TRUE(e.Findings().empty());
+}
+
+TEST(EngineTest, ScalingEfficiencyEightAtEightThenSixteenAtTen) {
+  Engine e;
+  {
+    JobDriver d(&e, "resnet", 1, 8, 0.0);
+    d.noise_cv = 0;
+    d.split = [](int, int64_t) { return Split{1.0, 0.0}; };
+    d.Run(64);  // 8 GPUs: 8 steps' worth of samples per second = 8x one GPU
+  }
+  {
+    // 16 GPUs at 10x: each step takes 16/10 = 1.6 s.
+    JobDriver d(&e, "resnet", 2, 8, 0.0);
+    d.noise_cv = 0;
+    d.split = [](int, int64_t) { return Split{1.6, 0.0}; };
+    d.Run(64);
+  }
+  auto job = e.Job("resnet");
+  ASSERT_TRUE(job->scaling_efficiency_ratio.has_value());
+  EXPECT_NEAR(*job->scaling_efficiency_ratio, 0.625, 1e-9);
+  auto f = Of(e, FindingKind::kScalingEfficiency);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_THAT(f[0].summary, HasSubstr("62% at 16 GPUs"));
+
+  // The history survives a restart.
+  Engine restarted;
+  ASSERT_TRUE(restarted.LoadScalingHistory(e.SerializeScalingHistory()).ok());
+  EXPECT_EQ(restarted.SerializeScalingHistory(), e.SerializeScalingHistory());
+  JobDriver d(&restarted, "resnet", 2, 8, 0.0);
+  d.noise_cv = 0;
+  d.split = [](int, int64_t) { return Split{1.6, 0.0}; };
+  d.Run(64);
+  EXPECT_NEAR(*restarted.Job("resnet")->scaling_efficiency_ratio, 0.625, 1e-9);
+  EXPECT_FALSE(restarted.LoadScalingHistory("garbage").ok());
+  EXPECT_FALSE(
+      restarted.LoadScalingHistory("stepwatch-scaling-history v1\nx\tnot-a-number\t1\n").ok());
+}
+
+TEST(EngineTest, GoodScalingIsNotAFinding) {
+  Engine e;
+  {
+    JobDriver d(&e, "j", 1, 8, 0.0);
+    d.Run(64);
+  }
+  JobDriver d(&e, "j", 2, 8, 0.0);
+  d.split = [](int, int64_t) { return Split{0.44, 0.02}; };  // 0.46 vs 0.42: ~91%
+  d.Run(64);
+  EXPECT_GT(*e.Job("j")->scaling_efficiency_ratio, 0.85);
+  EXPECT_TRUE(Of(e, FindingKind::kScalingEfficiency).empty());
+}
+
+TEST(EngineTest, RegressionNamesTheStepAndClears) {
+  Engine e;
+  JobDriver d(&e, "j", 1, 8);
+  d.split = [](int, int64_t step) {
+    return Split{step >= 300 && step < 500 ? 0.4 * 1.2 : 0.4, 0.02};
+  };
+  int64_t seen_at = -1;
+  d.after_step = [&](int64_t step) {
+    if (seen_at < 0 && !Of(e, FindingKind::kRegression).empty()) seen_at = step;
+  };
+  d.Run(400);
+  auto f = Of(e, FindingKind::kRegression);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_NEAR(f[0].since_step, 300, 2);
+  EXPECT_THAT(f[0].summary, HasSubstr("step time up"));
+  EXPECT_LE(seen_at - 300, 16);
+  d.Run(200);
+  EXPECT_TRUE(Of(e, FindingKind::kRegression).empty());
+  EXPECT_TRUE(Of(e, FindingKind::kStraggler).empty());
+}
+
+TEST(EngineTest, SmallDriftIsNotARegression) {
+  Engine e;
+  JobDriver d(&e, "j", 1, 8);
+  d.noise_cv = 0.05;
+  d.split = [](int, int64_t step) { return Split{step >= 300 ? 0.4 * 1.04 : 0.4, 0.02}; };
+  d.Run(1000);
+  EXPECT_TRUE(e.Findings().empty());
+}
+
+TEST(EngineTest, StallNamesSilentAndWaitingRanks) {
+  Engine e;
+  JobDriver d(&e, "j", 1, 4, 0.1);
+  d.Run(50);  // 0.52 s steps: the 30 s floor applies
+  // Ranks 0-2 report step 50; rank 3 never does.
+  for (int r = 0; r < 3; ++r) {
+    StepSample s;
+    s.job = "j";
+    s.world_size = 4;
+    s.rank = r;
+    s.step = 50;
+    s.step_s = 0.52;
+    s.received_unix_nanos = d.now() + kSec;
+    ASSERT_TRUE(e.AddStep(s).ok());
+  }
+  e.Advance(d.now() + 30 * kSec);
+  EXPECT_TRUE(Of(e, FindingKind::kStall).empty());
+  e.Advance(d.now() + 32 * kSec);
+  auto f = Of(e, FindingKind::kStall);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].since_step, 50);
+  EXPECT_EQ(f[0].severity, Severity::kCritical);
+  EXPECT_THAT(f[0].summary, HasSubstr("silent ranks (behind): 3"));
+  EXPECT_THAT(f[0].summary, HasSubstr("waiting ranks: 0,1,2"));
+  StepSample s;
+  s.job = "j";
+  s.world_size = 4;
+  s.rank = 3;
+  s.step = 51;
+  s.step_s = 0.52;
+  s.received_unix_nanos = d.now() + 40 * kSec;
+  ASSERT_TRUE(e.AddStep(s).ok());
+  EXPECT_TRUE(Of(e, FindingKind::kStall).empty());
+}
+
+TEST(EngineTest, StallLimitScalesWithSlowSteps) {
+  Engine e;
+  JobDriver d(&e, "slow", 1, 2, 0.0);
+  d.noise_cv = 0;
+  d.split = [](int, int64_t) { return Split{5.0, 0.0}; };  // 5 s steps: 50 s limit
+  d.Run(20);
+  e.Advance(d.now() + 45 * kSec);
+  EXPECT_TRUE(Of(e, FindingKind::kStall).empty());
+  e.Advance(d.now() + 51 * kSec);
+  ASSERT_EQ(Of(e, FindingKind::kStall).size(), 1u);
+  EXPECT_THAT(Of(e, FindingKind::kStall)[0].summary, HasSubstr("all 2 ranks silent"));
+}
+
+TEST(EngineTest, DeterministicAcrossRuns) {
+  auto run = []() {
+    Engine e;
+    JobDriver d(&e, "j", 2, 8, 0.1, /*seed=*/42);
+    d.noise_cv = 0.05;
+    d.split = [](int rank, int64_t step) { return Split{rank == 3 && step > 100 ? 0.5 : 0.4}; };
+    d.Run(300);
+    std::string out;
+    for (const Finding& f : e.Findings()) out += f.summary + "|" + std::to_string(f.since_step);
+    return out;
+  };
+  std::string a = run();
+  EXPECT_FALSE(a.empty());
+  EXPECT_EQ(a, run());
+}
+
+TEST(EngineTest, PendingStepsAreBounded) {
+  EngineOptions o;
+  o.max_pending_steps = 8;
+  o.step_grace_nanos = 1'000'000 * kSec;
+  Engine e(o);
+  for (int64_t step = 0; step < 100; ++step) {  // rank 1 of 2 never reports
+    StepSample s;
+    s.job = "j";
+    s.world_size = 2;
+    s.step = step;
+    s.step_s = 1;
+    s.received_unix_nanos = kT0 + step * kSec;
+    ASSERT_TRUE(e.AddStep(s).ok());
+  }
+  EXPECT_EQ(e.Job("j")->median_step_s, 1);  // old steps were completed with what they had
+}
+
+TEST(EngineTest, DecodesThrottleReasons) {
+  EXPECT_THAT(DecodeThrottleReasons(0x60), ::testing::ElementsAre("thermal throttling"));
+  EXPECT_THAT(DecodeThrottleReasons(0x4 | 0x8),
+              ::testing::ElementsAre("power capping", "hardware slowdown"));
+  EXPECT_TRUE(DecodeThrottleReasons(0x1).empty());
+  EXPECT_STREQ(FindingKindName(FindingKind::kSlowNode), "slow_node");
+  EXPECT_STREQ(SeverityName(Severity::kCritical), "critical");
+}
+
+}  // namespace
+}  // namespace stepwatch::analysis

@@ -1,0 +1,228 @@
+// A real collector server on free loopback ports: batches on an Ingest stream, acks, duplicates,
+// the Query service, /metrics scraped over HTTP, and the state file across a restart.
+#include "collector/server.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "collector/state_file.h"
+#include "common/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "stepwatch/v1/stepwatch.grpc.pb.h"
+#include "tests/collector/test_util.h"
+
+namespace stepwatch::collector {
+namespace {
+
+using testing::StepBatch;
+
+// Polls `pred` every 20 ms for at most `timeout`.
+template <typename Pred>
+bool WaitFor(Pred pred, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pred();
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/stepwatch-collector-test-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    state_dir_ = dir;
+    StartServer();
+  }
+  void TearDown() override {
+    server_.reset();
+    unlink((state_dir_ + "/scaling_history").c_str());
+    rmdir(state_dir_.c_str());
+  }
+
+  void StartServer() {
+    CollectorServerOptions o;
+    o.grpc_listen = "127.0.0.1:0";
+    o.metrics_listen = "127.0.0.1:0";
+    o.state_dir = state_dir_;
+    o.tick_nanos = 50'000'000;
+    auto server = CollectorServer::Start(o, &clock_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    ASSERT_GT(server_->grpc_port(), 0);
+    ASSERT_GT(server_->metrics_port(), 0);
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->grpc_port()),
+                                   grpc::InsecureChannelCredentials());
+  }
+
+  std::unique_ptr<grpc::ClientContext> Context() {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return ctx;
+  }
+
+  FakeClock clock_;
+  std::string state_dir_;
+  std::unique_ptr<CollectorServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+TEST_F(ServerTest, IngestStreamAcksAndIgnoresDuplicates) {
+  auto ingest = v1::Ingest::NewStub(channel_);
+  auto ctx = Context();
+  auto stream = ingest->Report(ctx.get());
+  v1::IngestAck ack;
+  const uint64_t sent[] = {1, 2, 1, 4, 3};
+  const uint64_t expected_acks[] = {1, 2, 2, 2, 4};
+  for (size_t i = 0; i < 5; ++i) {
+    ASSERT_TRUE(stream->Write(StepBatch("node-0", sent[i], "job", 4, sent[i], 0.1)));
+    ASSERT_TRUE(stream->Read(&ack));
+    EXPECT_EQ(ack.boot_id(), "boot-1");
+    EXPECT_EQ(ack.acked_seq(), expected_acks[i]) << "after seq " << sent[i];
+  }
+  EXPECT_TRUE(WaitFor([&] { return server_->state()->Snapshot().agents_connected == 1; }));
+  ASSERT_TRUE(stream->WritesDone());
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_TRUE(WaitFor([&] { return server_->state()->Snapshot().agents_connected == 0; }));
+
+  StateSnapshot s = server_->state()->Snapshot();
+  EXPECT_EQ(s.counters.batches_received, 5u);
+  EXPECT_EQ(s.counters.duplicate_batches, 1u);
+  EXPECT_EQ(s.counters.steps_received, 16u);  // 4 distinct batches x 4 ranks
+}
+
+TEST_F(ServerTest, MalformedBatchEndsTheStreamWithInvalidArgument) {
+  auto ingest = v1::Ingest::NewStub(channel_);
+  auto ctx = Context();
+  auto stream = ingest->Report(ctx.get());
+  v1::ReportBatch bad = StepBatch("node-0", 1, "job", 2, 0, 0.1);
+  bad.clear_boot_id();
+  ASSERT_TRUE(stream->Write(bad));
+  v1::IngestAck ack;
+  EXPECT_FALSE(stream->Read(&ack));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(server_->state()->Snapshot().counters.ingest_errors, 1u);
+}
+
+TEST_F(ServerTest, QueryServiceAnswers) {
+  auto ingest = v1::Ingest::NewStub(channel_);
+  {
+    auto ctx = Context();
+    auto stream = ingest->Report(ctx.get());
+    v1::ReportBatch b = StepBatch("node-7", 1, "bert", 8, 0, 0.1);
+    b.add_gpus()->set_index(0);
+    b.mutable_gpus(0)->set_utilization_gpu_ratio(0.42);
+    ASSERT_TRUE(stream->Write(b));
+    v1::IngestAck ack;
+    ASSERT_TRUE(stream->Read(&ack));
+    stream->WritesDone();
+    ASSERT_TRUE(stream->Finish().ok());
+  }
+  auto query = v1::Query::NewStub(channel_);
+  v1::StatusResponse status;
+  ASSERT_TRUE(query->Status(Context().get(), v1::StatusRequest(), &status).ok());
+  ASSERT_EQ(status.jobs_size(), 1);
+  EXPECT_EQ(status.jobs(0).job(), "bert");
+  EXPECT_EQ(status.jobs(0).world_size(), 8);
+  ASSERT_EQ(status.nodes_size(), 1);
+  EXPECT_EQ(status.nodes(0).node(), "node-7");
+  ASSERT_EQ(status.nodes(0).gpus_size(), 1);
+  EXPECT_DOUBLE_EQ(status.nodes(0).gpus(0).utilization_gpu_ratio(), 0.42);
+
+  v1::FindingsResponse findings;
+  EXPECT_TRUE(query->Findings(Context().get(), v1::FindingsRequest(), &findings).ok());
+
+  v1::ExplainRequest req;
+  req.set_job("bert");
+  v1::ExplainResponse explain;
+  ASSERT_TRUE(query->Explain(Context().get(), req, &explain).ok());
+  EXPECT_EQ(explain.job().job(), "bert");
+  req.set_job("missing");
+  EXPECT_EQ(query->Explain(Context().get(), req, &explain).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ServerTest, MetricsScrapeHasDesignNamesAndPassesPromtool) {
+  auto ingest = v1::Ingest::NewStub(channel_);
+  auto ctx = Context();
+  auto stream = ingest->Report(ctx.get());
+  for (uint64_t seq = 1; seq <= 40; ++seq) {
+    v1::ReportBatch b = StepBatch("node-1", seq, "llm", 8, seq, 0.1, 3, 0.18);
+    v1::GpuSample* g = b.add_gpus();
+    g->set_index(3);
+    g->set_utilization_gpu_ratio(0.9);
+    g->set_sm_clock_mhz(1000);
+    b.mutable_host()->set_cpu_utilization_ratio(0.5);
+    ASSERT_TRUE(stream->Write(b));
+    v1::IngestAck ack;
+    ASSERT_TRUE(stream->Read(&ack));
+    clock_.Advance(200'000'000);
+  }
+  std::string body;
+  // The ticker advances the engine; wait until the job-level figures are there.
+  ASSERT_TRUE(WaitFor([&] {
+    absl::StatusOr<std::string> got = testing::HttpGet(server_->metrics_port(), "/metrics");
+    if (!got.ok()) return false;
+    body = *got;
+    return body.find("stepwatch_job_step_seconds{job=\"llm\"}") != std::string::npos;
+  })) << body;
+  for (const char* needle :
+       {"# TYPE stepwatch_job_step_seconds gauge", "stepwatch_job_efficiency_ratio{job=\"llm\"}",
+        "stepwatch_job_time_ratio{component=\"imbalance\",job=\"llm\"}",
+        "stepwatch_job_whatif_speedup_ratio{fix=\"stragglers\",job=\"llm\"}",
+        "stepwatch_job_world_size{job=\"llm\"} 8",
+        "stepwatch_gpu_utilization_ratio{gpu=\"3\",node=\"node-1\"} 0.9",
+        "stepwatch_gpu_sm_clock_hertz{gpu=\"3\",node=\"node-1\"} 1000000000",
+        "stepwatch_host_cpu_utilization_ratio{node=\"node-1\"} 0.5",
+        "stepwatch_node_up{node=\"node-1\"} 1", "stepwatch_collector_batches_received_total 40",
+        "stepwatch_collector_agents_connected 1"}) {
+    EXPECT_NE(body.find(needle), std::string::npos) << needle << "\n" << body;
+  }
+  absl::StatusOr<std::string> lint = testing::PromtoolCheck(body);
+  if (!absl::IsUnavailable(lint.status())) {
+    ASSERT_TRUE(lint.ok()) << lint.status();
+    EXPECT_EQ(*lint, "") << body;
+  }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(ServerTest, ShutdownWithAnOpenStreamIsBoundedAndSavesState) {
+  auto ingest = v1::Ingest::NewStub(channel_);
+  auto ctx = Context();
+  auto stream = ingest->Report(ctx.get());
+  ASSERT_TRUE(stream->Write(StepBatch("node-0", 1, "job", 2, 0, 0.1)));
+  v1::IngestAck ack;
+  ASSERT_TRUE(stream->Read(&ack));
+  const auto start = std::chrono::steady_clock::now();
+  server_->Shutdown(200'000'000);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_FALSE(stream->Read(&ack));  // the server ended the stream
+  stream->Finish();
+  absl::StatusOr<std::string> saved = ReadWholeFile(state_dir_ + "/scaling_history");
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(*saved, server_->state()->SerializeScalingHistory());
+  // A new collector on the same state dir starts from it.
+  server_.reset();
+  StartServer();
+  EXPECT_EQ(server_->state()->SerializeScalingHistory(), *saved);
+}
+
+TEST_F(ServerTest, BusyPortIsAClearError) {
+  CollectorServerOptions o;
+  o.grpc_listen = absl::StrCat("127.0.0.1:", server_->grpc_port());
+  o.metrics_listen = "";
+  auto second = CollectorServer::Start(o, &clock_);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("cannot listen"), std::string::npos) << second.status();
+}
+
+}  // namespace
+}  // namespace stepwatch::collector

@@ -1,0 +1,205 @@
+#include "collector/state.h"
+
+#include <algorithm>
+
+#include "common/clock.h"
+#include "gtest/gtest.h"
+#include "tests/collector/test_util.h"
+
+namespace stepwatch::collector {
+namespace {
+
+using testing::EmptyBatch;
+using testing::StepBatch;
+
+constexpr int64_t kSecond = 1'000'000'000;
+
+uint64_t RejectedFor(const CollectorCounters& c, const std::string& reason) {
+  auto it = c.steps_rejected.find(reason);
+  return it == c.steps_rejected.end() ? 0 : it->second;
+}
+uint64_t LimitHits(const CollectorCounters& c, const std::string& limit) {
+  auto it = c.limit_hits.find(limit);
+  return it == c.limit_hits.end() ? 0 : it->second;
+}
+
+TEST(CollectorStateTest, AcksAndIgnoresDuplicateBatches) {
+  FakeClock clock;
+  CollectorState state({}, &clock);
+  auto ack = state.Apply(StepBatch("n0", 1, "job", 2, 0, 0.1));
+  ASSERT_TRUE(ack.ok()) << ack.status();
+  EXPECT_EQ(ack->boot_id(), "boot-1");
+  EXPECT_EQ(ack->acked_seq(), 1u);
+  ack = state.Apply(StepBatch("n0", 2, "job", 2, 1, 0.1));
+  ASSERT_TRUE(ack.ok());
+  EXPECT_EQ(ack->acked_seq(), 2u);
+  // Resent after a reconnect: acknowledged again, its steps not counted twice.
+  ack = state.Apply(StepBatch("n0", 1, "job", 2, 0, 0.1));
+  ASSERT_TRUE(ack.ok());
+  EXPECT_EQ(ack->acked_seq(), 2u);
+  StateSnapshot s = state.Snapshot();
+  EXPECT_EQ(s.counters.batches_received, 3u);
+  EXPECT_EQ(s.counters.duplicate_batches, 1u);
+  EXPECT_EQ(s.counters.steps_received, 4u);
+}
+
+TEST(CollectorStateTest, RejectsBatchWithoutIdentity) {
+  FakeClock clock;
+  CollectorState state({}, &clock);
+  v1::ReportBatch b = EmptyBatch("n0", 1);
+  b.clear_agent_id();
+  EXPECT_EQ(state.Apply(b).status().code(), absl::StatusCode::kInvalidArgument);
+  b = EmptyBatch("n0", 0);
+  EXPECT_EQ(state.Apply(b).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state.Snapshot().counters.ingest_errors, 2u);
+}
+
+TEST(CollectorStateTest, InvalidStepsAreCountedNotFatal) {
+  FakeClock clock;
+  CollectorState state({}, &clock);
+  v1::ReportBatch b = StepBatch("n0", 1, "job", 2, 0, 0.1);
+  b.mutable_steps(0)->set_rank(7);  // rank >= world_size
+  ASSERT_TRUE(state.Apply(b).ok());
+  EXPECT_EQ(RejectedFor(state.Snapshot().counters, "invalid"), 1u);
+}
+
+TEST(CollectorStateTest, JobRankAndNodeLimitsAreCounted) {
+  FakeClock clock;
+  CollectorStateOptions o;
+  o.max_jobs = 1;
+  o.max_ranks_per_job = 2;
+  o.max_nodes = 1;
+  o.max_gpus_per_node = 1;
+  CollectorState state(o, &clock);
+  ASSERT_TRUE(state.Apply(StepBatch("n0", 1, "a", 2, 0, 0.1)).ok());
+  ASSERT_TRUE(state.Apply(StepBatch("n0", 2, "a", 3, 1, 0.1)).ok());  // world size 3 > 2
+  ASSERT_TRUE(state.Apply(StepBatch("n0", 3, "b", 1, 0, 0.1)).ok());  // job b over the limit
+  v1::ReportBatch gpus = EmptyBatch("n0", 4);
+  gpus.add_gpus()->set_index(0);
+  gpus.add_gpus()->set_index(1);  // over the GPU limit
+  ASSERT_TRUE(state.Apply(gpus).ok());
+  ASSERT_TRUE(state.Apply(EmptyBatch("n1", 1)).ok());  // node n1 over the limit
+  StateSnapshot s = state.Snapshot();
+  EXPECT_EQ(LimitHits(s.counters, "ranks_per_job"), 3u);
+  EXPECT_EQ(LimitHits(s.counters, "jobs"), 1u);
+  EXPECT_EQ(LimitHits(s.counters, "gpus_per_node"), 1u);
+  EXPECT_EQ(LimitHits(s.counters, "nodes"), 1u);
+  EXPECT_EQ(RejectedFor(s.counters, "limit"), 4u);
+  EXPECT_EQ(RejectedFor(s.counters, "invalid"), 0u);
+  EXPECT_EQ(state.Status().jobs_size(), 1);
+  ASSERT_EQ(s.nodes.size(), 1u);
+  EXPECT_EQ(s.nodes[0].node, "n0");
+  EXPECT_EQ(s.nodes[0].gpus.size(), 1u);
+}
+
+TEST(CollectorStateTest, StatusListsJobsAndNodesWithGpusInIndexOrder) {
+  FakeClock clock;
+  CollectorState state({}, &clock);
+  v1::ReportBatch b = StepBatch("n0", 1, "job", 4, 0, 0.1);
+  for (int index : {3, 1, 2, 0}) {
+    v1::GpuSample* g = b.add_gpus();
+    g->set_index(index);
+    g->set_utilization_gpu_ratio(index / 10.0);
+    g->add_pids(100 + index);
+  }
+  b.mutable_host()->set_cpu_utilization_ratio(0.25);
+  ASSERT_TRUE(state.Apply(b).ok());
+  // A later sample of GPU 2 replaces the first.
+  v1::ReportBatch later = EmptyBatch("n0", 2);
+  later.add_gpus()->set_index(2);
+  later.mutable_gpus(0)->set_utilization_gpu_ratio(0.9);
+  ASSERT_TRUE(state.Apply(later).ok());
+
+  v1::StatusResponse status = state.Status();
+  ASSERT_EQ(status.jobs_size(), 1);
+  EXPECT_EQ(status.jobs(0).job(), "job");
+  EXPECT_EQ(status.jobs(0).world_size(), 4);
+  ASSERT_EQ(status.nodes_size(), 1);
+  const v1::NodeStatus& n = status.nodes(0);
+  EXPECT_EQ(n.node(), "n0");
+  EXPECT_EQ(n.agent_id(), "agent-n0");
+  EXPECT_EQ(n.last_seen_unix_nanos(), clock.NowUnixNanos());
+  EXPECT_DOUBLE_EQ(n.cpu_utilization_ratio(), 0.25);
+  ASSERT_EQ(n.gpus_size(), 4);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(n.gpus(i).index(), i);
+  EXPECT_DOUBLE_EQ(n.gpus(1).utilization_gpu_ratio(), 0.1);
+  EXPECT_DOUBLE_EQ(n.gpus(2).utilization_gpu_ratio(), 0.9);
+  EXPECT_EQ(n.gpus(3).pids(0), 103u);
+}
+
+TEST(CollectorStateTest, ExpiresJobsAndNodesUnseenForExpire) {
+  FakeClock clock;
+  CollectorStateOptions o;
+  o.expire_nanos = 60 * kSecond;
+  CollectorState state(o, &clock);
+  ASSERT_TRUE(state.Apply(StepBatch("n0", 1, "old", 2, 0, 0.1)).ok());
+  clock.Advance(40 * kSecond);
+  ASSERT_TRUE(state.Apply(StepBatch("n1", 1, "young", 2, 0, 0.1)).ok());
+  clock.Advance(30 * kSecond);  // "old" and n0 unseen for 70 s, "young" and n1 for 30 s
+  state.Tick();
+  v1::StatusResponse status = state.Status();
+  ASSERT_EQ(status.jobs_size(), 1);
+  EXPECT_EQ(status.jobs(0).job(), "young");
+  ASSERT_EQ(status.nodes_size(), 1);
+  EXPECT_EQ(status.nodes(0).node(), "n1");
+  StateSnapshot s = state.Snapshot();
+  EXPECT_EQ(s.counters.expired.at("job"), 1u);
+  EXPECT_EQ(s.counters.expired.at("node"), 1u);
+  // An expired agent's sequence state is forgotten too: it is welcome back from seq 1.
+  auto ack = state.Apply(StepBatch("n0", 1, "old", 2, 1, 0.1));
+  ASSERT_TRUE(ack.ok());
+  EXPECT_EQ(state.Snapshot().counters.duplicate_batches, 0u);
+}
+
+TEST(CollectorStateTest, StragglerReachesFindingsAndExplain) {
+  FakeClock clock;
+  CollectorState state({}, &clock);
+  // 8 ranks; rank 5 computes 60% longer than the others for 60 steps.
+  for (int step = 0; step < 60; ++step) {
+    ASSERT_TRUE(state.Apply(StepBatch("n0", step + 1, "job", 8, step, 0.1, 5, 0.16)).ok());
+    clock.Advance(kSecond / 5);
+    state.Tick();
+  }
+  v1::FindingsResponse findings = state.Findings("job");
+  auto is_rank5 = [](const v1::Finding& f) { return f.kind() == "straggler" && f.rank() == 5; };
+  EXPECT_TRUE(std::any_of(findings.findings().begin(), findings.findings().end(), is_rank5))
+      << findings.DebugString();
+  EXPECT_EQ(state.Findings("other-job").findings_size(), 0);
+
+  absl::StatusOr<v1::ExplainResponse> explain = state.Explain("job");
+  ASSERT_TRUE(explain.ok()) << explain.status();
+  EXPECT_EQ(explain->job().world_size(), 8);
+  EXPECT_EQ(explain->job().last_step(), 59);
+  EXPECT_GT(explain->job().finding_count(), 0);
+  ASSERT_EQ(explain->ranks_size(), 8);
+  for (const v1::RankRow& r : explain->ranks()) {
+    EXPECT_EQ(r.straggler(), r.rank() == 5) << r.DebugString();
+  }
+  EXPECT_EQ(explain->time_ratio().size(), 5u);
+  EXPECT_GT(explain->time_ratio().at("imbalance"), 0);
+  EXPECT_GT(explain->whatif_speedup_ratio().at("stragglers"), 1.0);
+  EXPECT_EQ(state.Explain("nope").status().code(), absl::StatusCode::kNotFound);
+  // /metrics gets the slowest ranks first, at most top_ranks_per_job of them.
+  StateSnapshot snap = state.Snapshot();
+  ASSERT_EQ(snap.top_ranks.size(), 5u);
+  EXPECT_EQ(snap.top_ranks[0].first, "job");
+  EXPECT_EQ(snap.top_ranks[0].second.rank, 5);
+  EXPECT_GT(snap.top_ranks[0].second.busy_vs_median_ratio, 1.3);
+}
+
+TEST(CollectorStateTest, ScalingHistoryRoundTrips) {
+  FakeClock clock;
+  CollectorState a({}, &clock);
+  for (int step = 0; step < 40; ++step) {
+    ASSERT_TRUE(a.Apply(StepBatch("n0", step + 1, "job", 4, step, 0.1)).ok());
+    clock.Advance(kSecond / 10);
+  }
+  a.Tick();
+  const std::string saved = a.SerializeScalingHistory();
+  CollectorState b({}, &clock);
+  EXPECT_TRUE(b.LoadScalingHistory(saved).ok());
+  EXPECT_EQ(b.SerializeScalingHistory(), saved);
+}
+
+}  // namespace
+}  // namespace stepwatch::collector

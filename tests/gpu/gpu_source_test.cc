@@ -1,0 +1,303 @@
+// The real NVML loader (OpenNvmlGpuSource) against the fake NVML shared library.
+#include "gpu/gpu_source.h"
+
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace stepwatch::gpu {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr char kTwoGpus[] = R"({
+  "driver_version": "550.54.15",
+  "gpus": [
+    {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-aaaa", "utilization_gpu": 93,
+     "utilization_memory": 40, "memory_used_bytes": 60000000000, "memory_total_bytes": 85899345920,
+     "sm_clock_mhz": 1755, "sm_clock_max_mhz": 1980, "power_mw": 650000, "power_limit_mw": 700000,
+     "temperature_c": 64, "throttle_reasons": 4, "pcie_tx_kbps": 1000, "pcie_rx_kbps": 2000,
+     "nvlink_tx_kbps": 4000000, "nvlink_rx_kbps": 2000000,
+     "sm_activity": 0.8, "dram_bandwidth": 0.5, "tensor_activity": 0.6, "pids": [1234, 5678]},
+    {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-bbbb", "utilization_gpu": 12}
+  ]
+})";
+
+class GpuSourceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = getenv("TEST_TMPDIR");
+    dir_ = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/stepwatch_gpu_test_", getpid(), "_",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_EQ(system(absl::StrCat("mkdir -p '", dir_, "'").c_str()), 0);
+    state_path_ = dir_ + "/state.json";
+    setenv("STEPWATCH_FAKE_NVML_STATE", state_path_.c_str(), 1);
+  }
+  void TearDown() override { system(absl::StrCat("rm -rf '", dir_, "'").c_str()); }
+
+  // Replaces the state atomically, as the documentation asks writers to.
+  void WriteState(const std::string& text) {
+    const std::string tmp = state_path_ + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << text;
+    }
+    ASSERT_EQ(rename(tmp.c_str(), state_path_.c_str()), 0);
+  }
+
+  std::unique_ptr<GpuSource> Open(const std::string& library = STEPWATCH_FAKE_NVML_PATH) {
+    GpuSourceOptions options;
+    options.nvml_library = library;
+    return OpenNvmlGpuSource(options);
+  }
+
+  static int64_t Now() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+
+  std::vector<v1::GpuSample> SampleOk(GpuSource* source) {
+    absl::StatusOr<std::vector<v1::GpuSample>> samples = source->Sample(Now());
+    EXPECT_TRUE(samples.ok()) << samples.status();
+    return samples.ok() ? *samples : std::vector<v1::GpuSample>{};
+  }
+
+  std::string dir_;
+  std::string state_path_;
+};
+
+TEST_F(GpuSourceTest, ReadsWhatTheStateSays) {
+  WriteState(kTwoGpus);
+  auto source = Open();
+  v1::NodeInfo node;
+  source->DescribeNode(&node);
+  EXPECT_TRUE(node.nvml_available());
+  EXPECT_EQ(node.nvml_error(), "");
+  EXPECT_EQ(node.driver_version(), "550.54.15");
+  EXPECT_EQ(node.gpu_count(), 2);
+
+  std::vector<v1::GpuSample> first = SampleOk(source.get());
+  ASSERT_EQ(first.size(), 2u);
+  const v1::GpuSample& g = first[0];
+  EXPECT_EQ(g.index(), 0);
+  EXPECT_EQ(g.name(), "NVIDIA H100 80GB HBM3");
+  EXPECT_EQ(g.uuid(), "GPU-aaaa");
+  EXPECT_DOUBLE_EQ(g.utilization_gpu_ratio(), 0.93);
+  EXPECT_DOUBLE_EQ(g.utilization_memory_ratio(), 0.40);
+  EXPECT_EQ(g.memory_used_bytes(), 60000000000u);
+  EXPECT_EQ(g.memory_total_bytes(), 85899345920u);
+  EXPECT_DOUBLE_EQ(g.sm_clock_mhz(), 1755);
+  EXPECT_DOUBLE_EQ(g.sm_clock_max_mhz(), 1980);
+  EXPECT_DOUBLE_EQ(g.power_watts(), 650);
+  EXPECT_DOUBLE_EQ(g.power_limit_watts(), 700);
+  EXPECT_DOUBLE_EQ(g.temperature_celsius(), 64);
+  EXPECT_EQ(g.throttle_reasons(), 4u);
+  EXPECT_DOUBLE_EQ(g.pcie_tx_bytes_per_second(), 1000 * 1024.0);
+  EXPECT_DOUBLE_EQ(g.pcie_rx_bytes_per_second(), 2000 * 1024.0);
+  EXPECT_THAT(g.pids(), ElementsAre(1234u, 5678u));
+  // Rates between two readings: nothing yet on the first sample.
+  EXPECT_FALSE(g.has_nvlink_tx_bytes_per_second());
+  EXPECT_FALSE(g.has_sm_activity_ratio());
+  EXPECT_EQ(first[1].index(), 1);
+  EXPECT_EQ(first[1].uuid(), "GPU-bbbb");
+  EXPECT_DOUBLE_EQ(first[1].utilization_gpu_ratio(), 0.12);
+
+  // Let NVLink traffic accumulate for a measurable interval.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::vector<v1::GpuSample> second = SampleOk(source.get());
+  ASSERT_EQ(second.size(), 2u);
+  const v1::GpuSample& h = second[0];
+  EXPECT_DOUBLE_EQ(h.sm_activity_ratio(), 0.8);
+  EXPECT_DOUBLE_EQ(h.dram_bandwidth_ratio(), 0.5);
+  EXPECT_DOUBLE_EQ(h.tensor_activity_ratio(), 0.6);
+  ASSERT_TRUE(h.has_nvlink_tx_bytes_per_second());
+  EXPECT_NEAR(h.nvlink_tx_bytes_per_second(), 4000000 * 1024.0, 0.05 * 4000000 * 1024.0);
+  EXPECT_NEAR(h.nvlink_rx_bytes_per_second(), 2000000 * 1024.0, 0.05 * 2000000 * 1024.0);
+  // The second GPU has no GPM and no NVLink in its state.
+  EXPECT_FALSE(second[1].has_sm_activity_ratio());
+  EXPECT_FALSE(second[1].has_nvlink_rx_bytes_per_second());
+}
+
+TEST_F(GpuSourceTest, SeesChangesOnTheFly) {
+  WriteState(R"({"gpus":[{"utilization_gpu":10,"sm_activity":0.1}]})");
+  auto source = Open();
+  std::vector<v1::GpuSample> before = SampleOk(source.get());
+  ASSERT_EQ(before.size(), 1u);
+  EXPECT_DOUBLE_EQ(before[0].utilization_gpu_ratio(), 0.10);
+
+  WriteState(R"({"gpus":[{"utilization_gpu":90,"sm_activity":0.7},{"utilization_gpu":5}]})");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  std::vector<v1::GpuSample> after;
+  for (int i = 0; i < 500 && std::chrono::steady_clock::now() < deadline; ++i) {
+    after = SampleOk(source.get());
+    if (after.size() == 2 && after[0].has_sm_activity_ratio() &&
+        after[0].sm_activity_ratio() > 0.5) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_DOUBLE_EQ(after[0].utilization_gpu_ratio(), 0.90);
+  EXPECT_DOUBLE_EQ(after[0].sm_activity_ratio(), 0.7);
+  EXPECT_DOUBLE_EQ(after[1].utilization_gpu_ratio(), 0.05);
+  v1::NodeInfo node;
+  source->DescribeNode(&node);
+  EXPECT_EQ(node.gpu_count(), 2);
+}
+
+TEST_F(GpuSourceTest, KeepsLastGoodStateWhenFileIsPartialOrMissing) {
+  WriteState(R"({"gpus":[{"utilization_gpu":42}]})");
+  auto source = Open();
+  ASSERT_EQ(SampleOk(source.get()).size(), 1u);
+
+  // Half a file, then no file: readings must stay at the last good state across several rechecks.
+  WriteState(R"({"gpus":[{"utilization_gpu":9)");
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  int samples = 0;
+  while (std::chrono::steady_clock::now() < until && samples < 1000) {
+    std::vector<v1::GpuSample> s = SampleOk(source.get());
+    ASSERT_EQ(s.size(), 1u);
+    EXPECT_DOUBLE_EQ(s[0].utilization_gpu_ratio(), 0.42);
+    ++samples;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(unlink(state_path_.c_str()), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  std::vector<v1::GpuSample> s = SampleOk(source.get());
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_DOUBLE_EQ(s[0].utilization_gpu_ratio(), 0.42);
+
+  // A good file again is picked up.
+  WriteState(R"({"gpus":[{"utilization_gpu":77}]})");
+  double seen = 0;
+  for (int i = 0; i < 500 && seen != 0.77; ++i) {
+    std::vector<v1::GpuSample> t = SampleOk(source.get());
+    if (t.size() == 1) seen = t[0].utilization_gpu_ratio();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_DOUBLE_EQ(seen, 0.77);
+}
+
+TEST_F(GpuSourceTest, AbsentFieldsAreLeftUnset) {
+  WriteState(R"({"gpus":[{"name":"Bare GPU"}]})");
+  auto source = Open();
+  for (int round = 0; round < 2; ++round) {
+    std::vector<v1::GpuSample> s = SampleOk(source.get());
+    ASSERT_EQ(s.size(), 1u);
+    const v1::GpuSample& g = s[0];
+    EXPECT_EQ(g.name(), "Bare GPU");
+    EXPECT_FALSE(g.has_utilization_gpu_ratio());
+    EXPECT_FALSE(g.has_utilization_memory_ratio());
+    EXPECT_FALSE(g.has_memory_used_bytes());
+    EXPECT_FALSE(g.has_memory_total_bytes());
+    EXPECT_FALSE(g.has_sm_clock_mhz());
+    EXPECT_FALSE(g.has_sm_clock_max_mhz());
+    EXPECT_FALSE(g.has_power_watts());
+    EXPECT_FALSE(g.has_power_limit_watts());
+    EXPECT_FALSE(g.has_temperature_celsius());
+    EXPECT_FALSE(g.has_throttle_reasons());
+    EXPECT_FALSE(g.has_pcie_tx_bytes_per_second());
+    EXPECT_FALSE(g.has_pcie_rx_bytes_per_second());
+    EXPECT_FALSE(g.has_nvlink_tx_bytes_per_second());
+    EXPECT_FALSE(g.has_nvlink_rx_bytes_per_second());
+    EXPECT_FALSE(g.has_sm_activity_ratio());
+    EXPECT_FALSE(g.has_dram_bandwidth_ratio());
+    EXPECT_FALSE(g.has_tensor_activity_ratio());
+    EXPECT_EQ(g.pids_size(), 0);
+  }
+}
+
+TEST_F(GpuSourceTest, GrowsTheProcessBufferForManyProcesses) {
+  std::string pids;
+  for (int i = 0; i < 150; ++i) absl::StrAppend(&pids, i == 0 ? "" : ",", 1000 + i);
+  WriteState(absl::StrCat(R"({"gpus":[{"pids":[)", pids, "]}]}"));
+  auto source = Open();
+  std::vector<v1::GpuSample> s = SampleOk(source.get());
+  ASSERT_EQ(s.size(), 1u);
+  ASSERT_EQ(s[0].pids_size(), 150);
+  EXPECT_EQ(s[0].pids(0), 1000u);
+  EXPECT_EQ(s[0].pids(149), 1149u);
+}
+
+TEST_F(GpuSourceTest, MissingEntryPointsLeaveMetricsUnset) {
+  WriteState(kTwoGpus);
+  auto source = Open(STEPWATCH_FAKE_NVML_MINIMAL_PATH);
+  v1::NodeInfo node;
+  source->DescribeNode(&node);
+  EXPECT_TRUE(node.nvml_available());
+  EXPECT_EQ(node.driver_version(), "550.54.15");
+  for (int round = 0; round < 2; ++round) {
+    std::vector<v1::GpuSample> s = SampleOk(source.get());
+    ASSERT_EQ(s.size(), 2u);
+    EXPECT_EQ(s[0].name(), "NVIDIA H100 80GB HBM3");
+    EXPECT_EQ(s[0].uuid(), "");
+    EXPECT_FALSE(s[0].has_utilization_gpu_ratio());
+    EXPECT_FALSE(s[0].has_memory_total_bytes());
+    EXPECT_FALSE(s[0].has_power_watts());
+    EXPECT_FALSE(s[0].has_sm_activity_ratio());
+    EXPECT_FALSE(s[0].has_nvlink_tx_bytes_per_second());
+    EXPECT_EQ(s[0].pids_size(), 0);
+  }
+}
+
+TEST_F(GpuSourceTest, ShutsNvmlDownOnDestruction) {
+  WriteState(kTwoGpus);
+  // Hold the library loaded ourselves so that its state outlives the source.
+  void* lib = dlopen(STEPWATCH_FAKE_NVML_PATH, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  auto init_count = reinterpret_cast<int (*)()>(dlsym(lib, "stepwatch_fake_nvml_init_count"));
+  ASSERT_NE(init_count, nullptr);
+  EXPECT_EQ(init_count(), 0);
+  auto source = Open();
+  EXPECT_EQ(init_count(), 1);
+  ASSERT_EQ(SampleOk(source.get()).size(), 2u);
+  source.reset();
+  EXPECT_EQ(init_count(), 0);
+  dlclose(lib);
+}
+
+TEST_F(GpuSourceTest, NonexistentLibraryMeansNoNvml) {
+  const std::string missing = dir_ + "/no-such-libnvidia-ml.so.1";
+  auto source = Open(missing);
+  v1::NodeInfo node;
+  source->DescribeNode(&node);
+  EXPECT_FALSE(node.nvml_available());
+  EXPECT_THAT(node.nvml_error(), HasSubstr(missing));
+  EXPECT_EQ(node.gpu_count(), 0);
+  EXPECT_TRUE(SampleOk(source.get()).empty());
+}
+
+TEST_F(GpuSourceTest, FailedInitMeansNoNvml) {
+  WriteState(R"({"fail_init": true, "gpus":[{"utilization_gpu":50}]})");
+  auto source = Open();
+  v1::NodeInfo node;
+  source->DescribeNode(&node);
+  EXPECT_FALSE(node.nvml_available());
+  EXPECT_THAT(node.nvml_error(), HasSubstr("nvmlInit"));
+  EXPECT_THAT(node.nvml_error(), HasSubstr("Driver Not Loaded"));
+  EXPECT_TRUE(SampleOk(source.get()).empty());
+}
+
+TEST_F(GpuSourceTest, FakeWithoutStateVariableFailsInit) {
+  unsetenv("STEPWATCH_FAKE_NVML_STATE");
+  auto source = Open();
+  v1::NodeInfo node;
+  source->DescribeNode(&node);
+  EXPECT_FALSE(node.nvml_available());
+  EXPECT_THAT(node.nvml_error(), HasSubstr("nvmlInit"));
+}
+
+}  // namespace
+}  // namespace stepwatch::gpu

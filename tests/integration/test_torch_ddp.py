@@ -1,0 +1,149 @@
+"""A real PyTorch DDP job (gloo, 4 processes) instrumented with stepwatch.torch.watch reports to a
+real agent and collector: the collector flags the one slow rank and no other, and flags nothing
+when all ranks are healthy.
+
+The ranks are started directly with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (no torchrun); the
+training script is ddp_train.py next to this file.
+"""
+
+import os
+import subprocess
+import tempfile
+import time
+import unittest
+
+from harness import Agent, Collector, ctl_json, free_port, metric_samples, scrape, wait_until
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRAIN = os.path.join(HERE, "ddp_train.py")
+PYTHON = "/usr/bin/python3"
+WORLD = 4
+
+
+class DdpJob:
+    """WORLD training processes of one job; killed on exit if still running."""
+
+    def __init__(self, tmpdir, socket_path, job, steps, slow_rank=-1, slow_s=0.03):
+        self.job = job
+        self.procs = []
+        port = free_port()
+        for rank in range(WORLD):
+            env = dict(os.environ)
+            env.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank),
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       STEPWATCH_SOCKET=socket_path, STEPWATCH_JOB=job, OMP_NUM_THREADS="1")
+            log = open(os.path.join(tmpdir, "%s-rank%d.log" % (job, rank)), "wb")
+            self.procs.append(subprocess.Popen(
+                [PYTHON, TRAIN, "--steps=%d" % steps, "--slow-rank=%d" % slow_rank,
+                 "--slow-s=%g" % slow_s],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+            log.close()
+        self.logs = [os.path.join(tmpdir, "%s-rank%d.log" % (job, r)) for r in range(WORLD)]
+
+    def running(self):
+        return any(p.poll() is None for p in self.procs)
+
+    def wait(self, timeout):
+        """Waits for every rank to exit; returns their exit codes."""
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        return [p.poll() for p in self.procs]
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            p.wait(timeout=30)
+
+    def output(self):
+        text = []
+        for path in self.logs:
+            with open(path, errors="replace") as f:
+                text.append("--- %s\n%s" % (os.path.basename(path), f.read()[-2000:]))
+        return "\n".join(text)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+
+def flagged_ranks(collector, job):
+    """Ranks with stepwatch_straggler == 1 for `job` on the collector's /metrics."""
+    samples = scrape(collector.metrics_url)
+    return sorted(int(labels["rank"]) for labels, value in
+                  metric_samples(samples, "stepwatch_straggler")
+                  if labels.get("job") == job and value == 1)
+
+
+def straggler_findings(collector, job):
+    findings = ctl_json(collector.grpc_addr, "findings", job).get("findings", [])
+    return sorted(int(f["rank"]) for f in findings if f.get("kind") == "straggler")
+
+
+def job_last_step(collector, job):
+    for status in ctl_json(collector.grpc_addr, "status").get("jobs", []):
+        if status.get("job") == job:
+            return int(status.get("last_step", -1))
+    return -1
+
+
+class TorchDdpTest(unittest.TestCase):
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory(prefix="sw-ddp-")
+        self.addCleanup(self._tmp.cleanup)
+        self.tmp = self._tmp.name
+        self.collector = Collector(self.tmp)
+        self.collector.start()
+        self.addCleanup(self.collector.stop)
+        self.agent = Agent(self.tmp, self.collector.grpc_addr, node="node-0")
+        self.agent.start()
+        self.addCleanup(self.agent.stop)
+
+    def diagnostics(self, job):
+        return "%s\n--- agent\n%s\n--- collector\n%s" % (
+            job.output(), self.agent.log()[-3000:], self.collector.log()[-3000:])
+
+    def test_slow_rank_is_the_only_straggler(self):
+        with DdpJob(self.tmp, self.agent.socket_path, "ddp-slow", steps=3000, slow_rank=2,
+                    slow_s=0.03) as job:
+            try:
+                wait_until(lambda: 2 in flagged_ranks(self.collector, "ddp-slow"), timeout=90,
+                           interval=0.5, message="rank 2 flagged as a straggler on /metrics")
+            except AssertionError as e:
+                raise AssertionError("%s\n%s" % (e, self.diagnostics(job)))
+            self.assertTrue(job.running(), "the job ended before the verdict:\n" +
+                            self.diagnostics(job))
+            # Keep watching while the job runs on: rank 2 stays flagged, nobody else ever is.
+            for _ in range(6):
+                self.assertEqual(flagged_ranks(self.collector, "ddp-slow"), [2])
+                self.assertEqual(straggler_findings(self.collector, "ddp-slow"), [2])
+                time.sleep(0.5)
+
+    def test_healthy_run_flags_nothing(self):
+        steps = 400
+        with DdpJob(self.tmp, self.agent.socket_path, "ddp-healthy", steps=steps) as job:
+            seen = set()
+            deadline = time.monotonic() + 120
+            while job.running() and time.monotonic() < deadline:
+                seen.update(flagged_ranks(self.collector, "ddp-healthy"))
+                time.sleep(0.5)
+            codes = job.wait(timeout=30)
+            self.assertEqual(codes, [0] * WORLD, self.diagnostics(job))
+            # The collector saw (nearly) the whole run: verdicts had every chance to appear.
+            wait_until(lambda: job_last_step(self.collector, "ddp-healthy") >= steps - 20,
+                       timeout=30, message="the collector to see the last steps")
+            seen.update(flagged_ranks(self.collector, "ddp-healthy"))
+            self.assertEqual(sorted(seen), [], self.diagnostics(job))
+            self.assertEqual(straggler_findings(self.collector, "ddp-healthy"), [])
+
+
+if __name__ == "__main__":
+    unittest.main()

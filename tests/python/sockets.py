@@ -1,0 +1,87 @@
+"""Test support: a real bound Unix datagram socket standing in for the stepwatch agent."""
+
+import json
+import os
+import socket
+import tempfile
+import time
+
+
+class FakeAgent:
+    """Binds a Unix datagram socket in a fresh temporary directory and reads step events."""
+
+    def __init__(self, directory=None):
+        self._tmp = None
+        if directory is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="sw-")
+            directory = self._tmp.name
+        self.path = os.path.join(directory, "agent.sock")
+        self.sock = None
+        self.bind()
+
+    def bind(self):
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+
+    def unbind(self):
+        self.sock.close()
+        os.unlink(self.path)
+
+    def recv_raw(self, timeout=5.0):
+        """The next datagram's bytes; None when nothing arrives within `timeout` seconds."""
+        self.sock.settimeout(timeout)
+        try:
+            return self.sock.recv(65536)
+        except socket.timeout:
+            return None
+
+    def recv(self, timeout=5.0):
+        raw = self.recv_raw(timeout)
+        return None if raw is None else json.loads(raw.decode("utf-8"))
+
+    def drain(self, quiet=0.05):
+        """All datagrams queued now (stops after `quiet` seconds without one)."""
+        events = []
+        while True:
+            event = self.recv(quiet)
+            if event is None:
+                return events
+            events.append(event)
+
+    def close(self):
+        if self.sock is not None:
+            self.sock.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def wait_until(predicate, timeout=5.0, interval=0.01):
+    """Polls `predicate` until it is true or `timeout` passes; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)
+
+
+class FakeClock:
+    """Replaces time.perf_counter in a module; advance() moves it."""
+
+    def __init__(self, start=100.0):
+        self.now = start
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, seconds):
+        self.now += seconds

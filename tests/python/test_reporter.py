@@ -1,0 +1,280 @@
+"""stepwatch.Reporter and the step()/phase() scopes, against a real bound Unix socket."""
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import stepwatch
+from stepwatch import reporter as reporter_module
+from sockets import FakeAgent, FakeClock, wait_until
+
+
+def make_reporter(test, agent, **kwargs):
+    kwargs.setdefault("job", "job1")
+    kwargs.setdefault("rank", 1)
+    kwargs.setdefault("world_size", 4)
+    rep = stepwatch.Reporter(socket_path=agent.path, env={}, **kwargs)
+    test.addCleanup(rep.close)
+    return rep
+
+
+class SendTest(unittest.TestCase):
+    def setUp(self):
+        self.agent = FakeAgent()
+        self.addCleanup(self.agent.close)
+
+    def test_event_is_the_documented_json(self):
+        rep = make_reporter(self, self.agent, job='a "quoted" job', local_rank=1, gpu=2, dp_rank=1,
+                            pp_stage=0, tp_rank=3)
+        self.assertTrue(rep.send(7, 0.25, data_s=0.01, compute_s=0.2, comm_s=0.04, samples=64))
+        event = self.agent.recv()
+        self.assertEqual(event, {
+            "job": 'a "quoted" job', "rank": 1, "world_size": 4, "step": 7, "step_s": 0.25,
+            "data_s": 0.01, "compute_s": 0.2, "comm_s": 0.04, "samples": 64, "local_rank": 1,
+            "gpu": 2, "dp_rank": 1, "pp_stage": 0, "tp_rank": 3})
+        self.assertEqual((rep.sent, rep.dropped), (1, 0))
+
+    def test_optional_fields_are_left_out(self):
+        rep = make_reporter(self, self.agent)
+        rep.send(0, 1e-05)
+        self.assertEqual(self.agent.recv(),
+                         {"job": "job1", "rank": 1, "world_size": 4, "step": 0, "step_s": 1e-05})
+
+    def test_invalid_values_are_dropped_not_raised(self):
+        rep = make_reporter(self, self.agent)
+        with self.assertLogs("stepwatch", logging.WARNING) as logs:
+            self.assertFalse(rep.send(1, 0.0))
+            self.assertFalse(rep.send(1, float("nan")))
+            self.assertFalse(rep.send(1, float("inf")))
+            self.assertFalse(rep.send(-1, 0.1))
+            self.assertFalse(rep.send(1, 0.1, data_s=-0.5))
+            self.assertFalse(rep.send(1, 0.1, comm_s=float("nan")))
+            self.assertFalse(rep.send(1, 0.1, samples=-3))
+            self.assertFalse(rep.send("x", 0.1))
+            self.assertFalse(rep.send(1, None))
+        self.assertEqual(len(logs.records), 1, "only one warning")
+        self.assertEqual((rep.sent, rep.dropped), (0, 9))
+        self.assertIsNone(self.agent.recv(0.05))
+
+    def test_absent_agent_drops_counts_and_warns_once(self):
+        self.agent.unbind()
+        rep = make_reporter(self, self.agent, reconnect_interval=0.0)
+        with self.assertLogs("stepwatch", logging.WARNING) as logs:
+            for i in range(20):
+                self.assertFalse(rep.send(i, 0.1))
+        self.assertEqual(rep.dropped, 20)
+        self.assertEqual(len(logs.records), 1)
+        self.assertIn(self.agent.path, logs.output[0])
+
+    def test_agent_appearing_later_is_found(self):
+        self.agent.unbind()
+        rep = make_reporter(self, self.agent, reconnect_interval=0.05)
+        with self.assertLogs("stepwatch", logging.WARNING):
+            self.assertFalse(rep.send(0, 0.1))
+        self.agent.bind()
+        self.assertTrue(wait_until(lambda: rep.send(1, 0.1), timeout=5.0))
+        self.assertEqual(self.agent.recv()["step"], 1)
+
+    def test_agent_restart_reconnects(self):
+        rep = make_reporter(self, self.agent, reconnect_interval=0.05)
+        self.assertTrue(rep.send(0, 0.1))
+        self.assertEqual(self.agent.recv()["step"], 0)
+        self.agent.unbind()
+        self.agent.bind()
+        with self.assertLogs("stepwatch", logging.WARNING):
+            self.assertTrue(wait_until(lambda: rep.send(5, 0.1), timeout=5.0))
+        self.assertEqual(self.agent.recv()["step"], 5)
+        self.assertGreaterEqual(rep.dropped, 1)
+
+    def test_full_queue_never_blocks(self):
+        rep = make_reporter(self, self.agent)
+        # The agent reads nothing: the socket's queue fills and sends fail with EAGAIN.
+        with self.assertLogs("stepwatch", logging.WARNING) as logs:
+            results = [rep.send(i, 0.1) for i in range(5000)]
+        self.assertTrue(results[0])
+        self.assertFalse(results[-1])
+        self.assertEqual(rep.sent + rep.dropped, 5000)
+        self.assertGreater(rep.dropped, 0)
+        self.assertEqual(len(logs.records), 1)
+        received = self.agent.drain()
+        self.assertEqual(len(received), rep.sent)
+        self.assertEqual([e["step"] for e in received], list(range(rep.sent)))
+
+    def test_closed_reporter_drops(self):
+        rep = make_reporter(self, self.agent)
+        rep.close()
+        with self.assertLogs("stepwatch", logging.WARNING):
+            self.assertFalse(rep.send(0, 0.1))
+        self.assertEqual(rep.dropped, 1)
+
+
+class ScopeTest(unittest.TestCase):
+    def setUp(self):
+        self.agent = FakeAgent()
+        self.addCleanup(self.agent.close)
+        self.clock = FakeClock()
+        self.saved = reporter_module._perf_counter
+        reporter_module._perf_counter = self.clock
+        self.addCleanup(setattr, reporter_module, "_perf_counter", self.saved)
+        self.rep = make_reporter(self, self.agent)
+
+    def test_step_and_nested_phases(self):
+        rep, clock = self.rep, self.clock
+        with rep.step(samples=32):
+            with rep.phase("data"):
+                clock.advance(0.5)
+            clock.advance(0.25)  # outside any phase: reported in step_s only
+            with rep.phase("compute"):
+                clock.advance(1.0)
+                with rep.phase("comm"):  # paused compute
+                    clock.advance(2.0)
+                clock.advance(1.0)
+        event = self.agent.recv()
+        self.assertEqual(event["step"], 0)
+        self.assertEqual(event["samples"], 32)
+        self.assertAlmostEqual(event["step_s"], 4.75)
+        self.assertAlmostEqual(event["data_s"], 0.5)
+        self.assertAlmostEqual(event["compute_s"], 2.0)
+        self.assertAlmostEqual(event["comm_s"], 2.0)
+
+    def test_steps_are_numbered_and_can_be_given(self):
+        rep, clock = self.rep, self.clock
+        for _ in range(3):
+            with rep.step():
+                clock.advance(0.1)
+        with rep.step(step=100):
+            clock.advance(0.1)
+        with rep.step():
+            clock.advance(0.1)
+        steps = [e["step"] for e in self.agent.drain()]
+        self.assertEqual(steps, [0, 1, 2, 100, 101])
+
+    def test_unused_phases_are_absent(self):
+        with self.rep.step():
+            self.clock.advance(0.1)
+        event = self.agent.recv()
+        for name in ("data_s", "compute_s", "comm_s", "samples"):
+            self.assertNotIn(name, event)
+
+    def test_phase_before_step_belongs_to_next_step(self):
+        rep, clock = self.rep, self.clock
+        with rep.phase("data"):
+            clock.advance(0.3)
+        clock.advance(0.1)
+        with rep.step():
+            with rep.phase("compute"):
+                clock.advance(0.5)
+        event = self.agent.recv()
+        self.assertAlmostEqual(event["data_s"], 0.3)
+        self.assertAlmostEqual(event["compute_s"], 0.5)
+        self.assertAlmostEqual(event["step_s"], 0.9)
+        with rep.step():
+            clock.advance(0.2)
+        event = self.agent.recv()
+        self.assertNotIn("data_s", event)
+        self.assertAlmostEqual(event["step_s"], 0.2)
+
+    def test_failed_step_is_not_reported_and_error_propagates(self):
+        rep, clock = self.rep, self.clock
+        with self.assertRaises(KeyError):
+            with rep.step():
+                clock.advance(0.1)
+                raise KeyError("boom")
+        self.assertIsNone(self.agent.recv(0.05))
+        with rep.step():
+            clock.advance(0.1)
+        self.assertEqual(self.agent.recv()["step"], 0)
+
+    def test_unknown_phase_is_ignored_with_one_warning(self):
+        rep, clock = self.rep, self.clock
+        with self.assertLogs("stepwatch", logging.WARNING) as logs:
+            with rep.step():
+                with rep.phase("optimizer"):
+                    clock.advance(0.1)
+                with rep.phase("optimiser"):
+                    clock.advance(0.1)
+        self.assertEqual(len(logs.records), 1)
+        event = self.agent.recv()
+        self.assertAlmostEqual(event["step_s"], 0.2)
+        self.assertNotIn("compute_s", event)
+
+
+class ModuleApiTest(unittest.TestCase):
+    def setUp(self):
+        self.agent = FakeAgent()
+        self.addCleanup(self.agent.close)
+        self.saved_env = dict(os.environ)
+        self.addCleanup(self._restore)
+
+    def _restore(self):
+        os.environ.clear()
+        os.environ.update(self.saved_env)
+        with stepwatch._default_lock:
+            if stepwatch._default is not None:
+                stepwatch._default.close()
+            stepwatch._default = None
+
+    def test_module_step_uses_the_environment(self):
+        os.environ.update({"STEPWATCH_SOCKET": self.agent.path, "RANK": "2", "WORLD_SIZE": "3",
+                           "LOCAL_RANK": "0", "STEPWATCH_JOB": "envjob"})
+        stepwatch._default = None
+        with stepwatch.step(samples=8):
+            with stepwatch.phase("compute"):
+                pass
+        event = self.agent.recv()
+        self.assertEqual((event["job"], event["rank"], event["world_size"], event["local_rank"]),
+                         ("envjob", 2, 3, 0))
+        self.assertEqual(event["samples"], 8)
+        self.assertIs(stepwatch.get_reporter(), stepwatch.get_reporter())
+
+    def test_configure_replaces_the_reporter(self):
+        rep = stepwatch.configure(job="cfg", rank=0, world_size=1, socket_path=self.agent.path)
+        self.assertIs(stepwatch.get_reporter(), rep)
+        with stepwatch.step():
+            pass
+        self.assertEqual(self.agent.recv()["job"], "cfg")
+
+    def test_unusable_environment_disables_without_raising(self):
+        os.environ.update({"STEPWATCH_SOCKET": self.agent.path, "RANK": "x", "WORLD_SIZE": "2"})
+        stepwatch._default = None
+        with self.assertLogs("stepwatch", logging.WARNING) as logs:
+            with stepwatch.step():
+                pass
+            with stepwatch.step():
+                pass
+        self.assertEqual(len(logs.records), 1)
+        self.assertIn("RANK", logs.output[0])
+        self.assertEqual(stepwatch.get_reporter().dropped, 2)
+        self.assertIsNone(self.agent.recv(0.05))
+
+
+class InstallTest(unittest.TestCase):
+    def test_pip_installs_the_package(self):
+        source = os.path.join(os.environ.get("STEPWATCH_SOURCE_DIR",
+                                             os.path.join(os.path.dirname(__file__), "..", "..")),
+                              "python")
+        with tempfile.TemporaryDirectory(prefix="sw-pip-") as tmp:
+            # Build from a copy: pip writes build files next to the sources.
+            copy = os.path.join(tmp, "src")
+            shutil.copytree(source, copy, ignore=shutil.ignore_patterns("build", "*.egg-info",
+                                                                        "__pycache__"))
+            target = os.path.join(tmp, "site")
+            subprocess.run(
+                [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                 "--no-build-isolation", "--no-index", "--target", target, copy],
+                check=True, timeout=120, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            out = subprocess.run(
+                [sys.executable, "-c",
+                 "import stepwatch, stepwatch.reporter; print(stepwatch.__file__)"],
+                check=True, timeout=60, stdout=subprocess.PIPE, text=True,
+                env={"PYTHONPATH": target, "PATH": os.environ.get("PATH", "")}).stdout
+            self.assertTrue(out.strip().startswith(target), out)
+            self.assertTrue(os.path.exists(os.path.join(target, "stepwatch", "torch.py")))
+
+
+if __name__ == "__main__":
+    unittest.main()
