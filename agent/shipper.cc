@@ -360,6 +360,7 @@ bool Shipper::RunStream() {
     if (resend) ++stats_.batches_resent_total;
   }
   const bool acked = acked_on_stream_;
+  if (stop_) why.clear();  // shutting down is not worth a warning
   stats_.connected = false;
   lock.unlock();
   cv_.notify_all();

@@ -1,8 +1,11 @@
 #include "agent/step_event_parser.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <system_error>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/json.h"
@@ -151,40 +154,230 @@ std::optional<Rejection> TakeValue(const FieldSpec& spec, const json::Value& v, 
   return std::nullopt;
 }
 
-}  // namespace
+// A known field as it appeared in the document, in document order.
+struct Member {
+  int id;
+  const json::Value* value;
+};
 
-std::optional<Rejection> ParseStepEvent(absl::string_view datagram, v1::StepEvent* event) {
-  event->Clear();
-  if (datagram.size() > kMaxDatagramBytes) {
-    return Reject(RejectReason::kTooLarge, absl::StrCat("datagram of ", datagram.size(),
-                                                        " bytes exceeds ", kMaxDatagramBytes));
-  }
-  // Step events are flat; a little nesting is allowed for unknown fields.
-  json::ParseOptions options;
-  options.max_depth = 8;
-  absl::StatusOr<json::Value> parsed = json::Parse(datagram, options);
-  if (!parsed.ok()) return Reject(RejectReason::kNotJson, std::string(parsed.status().message()));
-  if (!parsed->is_object()) {
-    return Reject(RejectReason::kNotObject,
-                  absl::StrCat("expected an object, got ", json::Value::TypeName(parsed->type())));
-  }
-
-  Slot slots[kFieldCount];
-  for (const auto& [key, value] : parsed->as_object()) {
-    const int id = FindField(key);
-    if (id < 0) continue;  // unknown fields are ignored (forward compatibility)
-    const FieldSpec& spec = kFields[id];
-    if (slots[id].present) {
+// Type-checks the members in document order, then checks presence. Fills `slots`.
+std::optional<Rejection> TakeMembers(const Member* members, size_t count, Slot* slots) {
+  for (size_t i = 0; i < count; ++i) {
+    const FieldSpec& spec = kFields[members[i].id];
+    Slot& slot = slots[members[i].id];
+    if (slot.present) {
       return Reject(RejectReason::kDuplicateField, absl::StrCat(spec.snake, " given twice"));
     }
     // proto3 JSON: null means "absent".
-    if (value.is_null()) continue;
-    if (auto rejection = TakeValue(spec, value, &slots[id])) return rejection;
+    if (members[i].value->is_null()) continue;
+    if (auto rejection = TakeValue(spec, *members[i].value, &slot)) return rejection;
   }
   for (int id = 0; id < kFieldCount; ++id) {
     if (kFields[id].required && !slots[id].present) {
       return Reject(RejectReason::kMissingField, absl::StrCat(kFields[id].snake, " is required"));
     }
+  }
+  return std::nullopt;
+}
+
+// The fast path for the common datagram: one flat object with plain ASCII strings. It builds no
+// document tree. Anything unusual (nesting, escapes, non-ASCII, repeated keys, syntax errors, huge
+// numbers) returns false and the strict general parser decides, so both paths give the same
+// verdict on every input.
+class FlatScanner {
+ public:
+  explicit FlatScanner(absl::string_view text) : p_(text.data()), end_(text.data() + text.size()) {}
+
+  // On true, members()/count() hold the known fields in document order.
+  bool Scan() {
+    SkipWhitespace();
+    if (!Consume('{')) return false;
+    SkipWhitespace();
+    if (Consume('}')) return AtEnd();
+    while (true) {
+      SkipWhitespace();
+      absl::string_view key;
+      if (!Consume('"') || !ScanPlainString(&key)) return false;
+      SkipWhitespace();
+      if (!Consume(':')) return false;
+      SkipWhitespace();
+      const int id = FindField(key);
+      if (id >= 0) {
+        if (seen_[id] || count_ >= kFieldCount) return false;
+        seen_[id] = true;
+        if (!ScanValue(&values_[count_])) return false;
+        members_[count_] = {id, &values_[count_]};
+        ++count_;
+      } else {
+        for (int i = 0; i < unknown_count_; ++i) {
+          if (unknown_[i] == key) return false;
+        }
+        if (unknown_count_ >= kMaxUnknown) return false;
+        unknown_[unknown_count_++] = key;
+        json::Value ignored;
+        if (!ScanValue(&ignored)) return false;
+      }
+      SkipWhitespace();
+      if (Consume(',')) continue;
+      if (Consume('}')) return AtEnd();
+      return false;
+    }
+  }
+
+  const Member* members() const { return members_; }
+  size_t count() const { return static_cast<size_t>(count_); }
+
+ private:
+  static constexpr int kMaxUnknown = 16;
+
+  void SkipWhitespace() {
+    while (p_ != end_ && (*p_ == ' ' || *p_ == '\t' || *p_ == '\n' || *p_ == '\r')) ++p_;
+  }
+  bool Consume(char c) {
+    if (p_ == end_ || *p_ != c) return false;
+    ++p_;
+    return true;
+  }
+  bool AtEnd() {
+    SkipWhitespace();
+    return p_ == end_;
+  }
+  bool ConsumeLiteral(absl::string_view literal) {
+    if (static_cast<size_t>(end_ - p_) < literal.size() ||
+        absl::string_view(p_, literal.size()) != literal) {
+      return false;
+    }
+    p_ += literal.size();
+    return true;
+  }
+
+  // After the opening quote: printable ASCII without escapes, up to the closing quote.
+  bool ScanPlainString(absl::string_view* out) {
+    const char* start = p_;
+    while (p_ != end_ && *p_ != '"') {
+      const unsigned char c = static_cast<unsigned char>(*p_);
+      if (c == '\\' || c < 0x20 || c >= 0x80) return false;
+      ++p_;
+    }
+    if (p_ == end_) return false;
+    *out = absl::string_view(start, static_cast<size_t>(p_ - start));
+    ++p_;
+    return true;
+  }
+
+  bool ScanValue(json::Value* out) {
+    if (p_ == end_) return false;
+    const char c = *p_;
+    if (c == '"') {
+      ++p_;
+      absl::string_view s;
+      if (!ScanPlainString(&s)) return false;
+      *out = json::Value::String(std::string(s));
+      return true;
+    }
+    if (c == 't') {
+      *out = json::Value::Bool(true);
+      return ConsumeLiteral("true");
+    }
+    if (c == 'f') {
+      *out = json::Value::Bool(false);
+      return ConsumeLiteral("false");
+    }
+    if (c == 'n') {
+      *out = json::Value::Null();
+      return ConsumeLiteral("null");
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) return ScanNumber(out);
+    return false;  // objects, arrays, garbage: the general parser decides
+  }
+
+  // The RFC 8259 number grammar, converted exactly like the general parser does.
+  bool ScanNumber(json::Value* out) {
+    const char* start = p_;
+    const bool negative = *p_ == '-';
+    if (negative) ++p_;
+    if (p_ == end_) return false;
+    const char* digits = p_;
+    if (*p_ == '0') {
+      ++p_;
+    } else if (*p_ >= '1' && *p_ <= '9') {
+      while (p_ != end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+    } else {
+      return false;
+    }
+    const char* digits_end = p_;
+    bool integral = true;
+    if (p_ != end_ && *p_ == '.') {
+      integral = false;
+      ++p_;
+      if (p_ == end_ || *p_ < '0' || *p_ > '9') return false;
+      while (p_ != end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+    }
+    if (p_ != end_ && (*p_ == 'e' || *p_ == 'E')) {
+      integral = false;
+      ++p_;
+      if (p_ != end_ && (*p_ == '+' || *p_ == '-')) ++p_;
+      if (p_ == end_ || *p_ < '0' || *p_ > '9') return false;
+      while (p_ != end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+    }
+    if (p_ - start >= 64) return false;
+    if (integral && digits_end - digits <= 18) {
+      // At most 18 digits always fit in int64 and convert to double exactly as strtod would.
+      int64_t magnitude = 0;
+      for (const char* q = digits; q != digits_end; ++q) magnitude = magnitude * 10 + (*q - '0');
+      const int64_t integer = negative ? -magnitude : magnitude;
+      const double d = negative && magnitude == 0 ? -0.0 : static_cast<double>(integer);
+      *out = json::Value::Number(d, /*is_integer=*/true, integer);
+      return true;
+    }
+    if (integral) return false;  // long integers: leave the exact rules to the general parser
+    double d = 0;
+    const auto result = std::from_chars(start, p_, d);
+    if (result.ec != std::errc() || result.ptr != p_ || !std::isfinite(d)) return false;
+    *out = json::Value::Number(d, /*is_integer=*/false, 0);
+    return true;
+  }
+
+  const char* p_;
+  const char* const end_;
+  json::Value values_[kFieldCount];
+  Member members_[kFieldCount];
+  int count_ = 0;
+  bool seen_[kFieldCount] = {};
+  absl::string_view unknown_[kMaxUnknown];
+  int unknown_count_ = 0;
+};
+
+}  // namespace
+
+namespace {
+
+std::optional<Rejection> Parse(absl::string_view datagram, bool fast_path, v1::StepEvent* event) {
+  event->Clear();
+  if (datagram.size() > kMaxDatagramBytes) {
+    return Reject(RejectReason::kTooLarge, absl::StrCat("datagram of ", datagram.size(),
+                                                        " bytes exceeds ", kMaxDatagramBytes));
+  }
+  Slot slots[kFieldCount];
+  FlatScanner scanner(datagram);
+  if (fast_path && scanner.Scan()) {
+    if (auto rejection = TakeMembers(scanner.members(), scanner.count(), slots)) return rejection;
+  } else {
+    // Step events are flat; a little nesting is allowed for unknown fields.
+    json::ParseOptions options;
+    options.max_depth = 8;
+    absl::StatusOr<json::Value> parsed = json::Parse(datagram, options);
+    if (!parsed.ok()) return Reject(RejectReason::kNotJson, std::string(parsed.status().message()));
+    if (!parsed->is_object()) {
+      return Reject(RejectReason::kNotObject, absl::StrCat("expected an object, got ",
+                                                           json::Value::TypeName(parsed->type())));
+    }
+    std::vector<Member> members;
+    for (const auto& [key, value] : parsed->as_object()) {
+      const int id = FindField(key);
+      if (id >= 0) members.push_back({id, &value});  // unknown fields are ignored
+    }
+    if (auto rejection = TakeMembers(members.data(), members.size(), slots)) return rejection;
   }
   const std::string& job = slots[kJob].text;
   if (job.empty()) return Reject(RejectReason::kOutOfRange, "job must not be empty");
@@ -214,6 +407,17 @@ std::optional<Rejection> ParseStepEvent(absl::string_view datagram, v1::StepEven
   if (slots[kPpStage].present) event->set_pp_stage(static_cast<int32_t>(slots[kPpStage].integer));
   if (slots[kTpRank].present) event->set_tp_rank(static_cast<int32_t>(slots[kTpRank].integer));
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<Rejection> ParseStepEvent(absl::string_view datagram, v1::StepEvent* event) {
+  return Parse(datagram, /*fast_path=*/true, event);
+}
+
+std::optional<Rejection> ParseStepEventWithoutFastPath(absl::string_view datagram,
+                                                       v1::StepEvent* event) {
+  return Parse(datagram, /*fast_path=*/false, event);
 }
 
 }  // namespace stepwatch::agent

@@ -42,4 +42,9 @@ inline constexpr size_t kMaxJobBytes = 256;
 // and the agent-owned fields (pid, received_unix_nanos) are never taken from the sender.
 std::optional<Rejection> ParseStepEvent(absl::string_view datagram, v1::StepEvent* event);
 
+// The same verdicts through the general JSON parser only (ParseStepEvent takes a faster path for
+// flat, plain-ASCII objects). For tests that compare the two, and for benchmarks.
+std::optional<Rejection> ParseStepEventWithoutFastPath(absl::string_view datagram,
+                                                       v1::StepEvent* event);
+
 }  // namespace stepwatch::agent

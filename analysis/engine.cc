@@ -94,7 +94,9 @@ struct Entry {
   double data = 0;
   double wait = 0;
   int64_t samples = -1;
-  bool split = false;  // data_s or compute_s reported
+  bool split = false;      // data_s or compute_s reported
+  bool step_only = false;  // nothing but step_s: the GPU's SM activity may tell the split
+  bool stale = false;      // split taken from a GPU reading already used: no new evidence
 };
 
 struct Pending {
@@ -133,11 +135,35 @@ struct RankState {
   double sum_excess = 0;
   double sum_sigma = 0;
   double sum_ratio_sq = 0;
+  int64_t last_gpu_nanos = -1;  // the GPU reading last used for a step-only split
   int over_count = 0;
   bool flagged = false;
   int64_t flagged_since_step = 0;
   int64_t flagged_since_nanos = 0;
   int64_t flagged_steps = 0;
+};
+
+// Ranks of one job, allocated when they first report: a sample that claims a huge world size costs
+// one pointer per rank, not the history of every rank.
+class RankTable {
+ public:
+  void Reset(int world_size) {
+    slots_.clear();
+    slots_.resize(world_size);
+  }
+  // An absent rank reads as a default (not present) one.
+  const RankState& operator[](int i) const {
+    static const RankState* const kAbsent = new RankState();
+    return slots_[i] ? *slots_[i] : *kAbsent;
+  }
+  RankState& Mutable(int i) {
+    if (!slots_[i]) slots_[i] = std::make_unique<RankState>();
+    return *slots_[i];
+  }
+  void Erase(int i) { slots_[i].reset(); }
+
+ private:
+  std::vector<std::unique_ptr<RankState>> slots_;
 };
 
 struct StepSummary {
@@ -159,7 +185,7 @@ struct StageState {
 struct JobState {
   std::string name;
   int world_size = 0;
-  std::vector<RankState> ranks;
+  RankTable ranks;
   int present_ranks = 0;
   std::map<int64_t, Pending> pending;
   int64_t last_completed = -1;
@@ -275,15 +301,17 @@ class Engine::Impl {
     }
     JobState& job = *it->second;
     if (job.world_size != s.world_size) ResetJob(job, s.world_size);  // rescaled
-    RankState& r = job.ranks[s.rank];
+    const RankState& r = job.ranks[s.rank];
     if (r.present && s.step <= r.last_step) {
       // A duplicate or an old resend, unless the job went back far: a restart from a checkpoint.
       if (s.step >= r.last_step - 2 * opt_.window_steps) return absl::OkStatus();
       ResetJob(job, s.world_size);
     }
-    RankState& rank = job.ranks[s.rank];
+    RankState& rank = job.ranks.Mutable(s.rank);
     if (!rank.present) {
       rank.present = true;
+      rank.history = Ring<StepVals>(opt_.window_steps);
+      rank.scores = Ring<Score>(opt_.straggler_window);
       ++job.present_ranks;
     }
     if (rank.node != s.node) {
@@ -330,6 +358,7 @@ class Engine::Impl {
       e.busy = s.step_s;
       e.compute = s.step_s;
       e.wait = 0;
+      e.step_only = true;
     }
     e.samples = s.samples.value_or(-1);
 
@@ -456,9 +485,8 @@ class Engine::Impl {
       auto jit = jobs_.find(job_name);
       if (jit == jobs_.end()) continue;
       JobState& job = *jit->second;
-      RankState& r = job.ranks[rank];
-      if (!r.present) continue;
-      r = FreshRank();
+      if (!job.ranks[rank].present) continue;
+      job.ranks.Erase(rank);
       --job.present_ranks;
     }
     nodes_.erase(nit);
@@ -503,13 +531,6 @@ class Engine::Impl {
   }
 
  private:
-  RankState FreshRank() const {
-    RankState r;
-    r.history = Ring<StepVals>(opt_.window_steps);
-    r.scores = Ring<Score>(opt_.straggler_window);
-    return r;
-  }
-
   void ResetJob(JobState& job, int world_size) {
     for (int i = 0; i < job.world_size; ++i) {
       const RankState& r = job.ranks[i];
@@ -519,7 +540,7 @@ class Engine::Impl {
     job = JobState();
     job.name = std::move(name);
     job.world_size = world_size;
-    job.ranks.assign(world_size, FreshRank());
+    job.ranks.Reset(world_size);
     job.summaries = Ring<StepSummary>(opt_.window_steps);
   }
 
@@ -547,6 +568,20 @@ class Engine::Impl {
     if (es.empty()) return;
     const int64_t nanos = p.last_nanos;
     ++job.completed_steps;
+    // A rank that reports only its step time is busy for the share of the step its GPU's SMs were
+    // active (when the GPU reports SM activity); the rest it waited.
+    for (Entry& e : es) {
+      if (!e.step_only) continue;
+      RankState& r = job.ranks.Mutable(e.rank);
+      const GpuState* g = GpuOf(r);
+      if (g == nullptr || !g->last.sm_activity_ratio) continue;
+      e.busy = std::clamp(*g->last.sm_activity_ratio, 0.0, 1.0) * e.step_s;
+      e.compute = e.busy;
+      e.wait = e.step_s - e.busy;
+      // GPUs are sampled on their own clock: a reading spanning several steps is scored once.
+      e.stale = g->last.sampled_unix_nanos == r.last_gpu_nanos;
+      r.last_gpu_nanos = g->last.sampled_unix_nanos;
+    }
 
     // Job-level figures.
     scratch_.clear();
@@ -629,10 +664,10 @@ class Engine::Impl {
     }
     for (size_t i = begin; i < end; ++i) {
       const Entry& e = es[i];
-      RankState& r = job.ranks[e.rank];
+      RankState& r = job.ranks.Mutable(e.rank);
       r.history.Push(StepVals{static_cast<float>(e.busy), static_cast<float>(e.compute),
                               static_cast<float>(e.data), static_cast<float>(e.wait)});
-      if (!scored || ref <= 0) continue;
+      if (!scored || ref <= 0 || e.stale) continue;
       Score sc;
       sc.step = step;
       sc.busy = e.busy;
@@ -1036,12 +1071,28 @@ class Engine::Impl {
         causes.push_back(absl::StrCat("GPU utilization ", Percent(g->value)));
       }
     }
-    auto hit = hosts_.find(node);
-    if (hit != hosts_.end() && hit->second.cpu_utilization_ratio &&
-        *hit->second.cpu_utilization_ratio >= 0.9) {
-      causes.push_back(absl::StrCat("host CPU ", Percent(*hit->second.cpu_utilization_ratio)));
+    if (std::optional<double> cpu = SaturatedHostCpu(node)) {
+      causes.push_back(absl::StrCat("host CPU ", Percent(*cpu)));
     }
     return causes;
+  }
+
+  // The node's host CPU utilization when it is saturated and clearly busier than the median host:
+  // a busy CPU on every node (or several nodes sharing one host) explains no single slow rank.
+  std::optional<double> SaturatedHostCpu(const std::string& node) const {
+    auto hit = hosts_.find(node);
+    if (hit == hosts_.end() || !hit->second.cpu_utilization_ratio ||
+        *hit->second.cpu_utilization_ratio < 0.9) {
+      return std::nullopt;
+    }
+    std::vector<double> all;
+    for (const auto& [name, host] : hosts_) {
+      if (host.cpu_utilization_ratio) all.push_back(*host.cpu_utilization_ratio);
+    }
+    std::nth_element(all.begin(), all.begin() + all.size() / 2, all.end());
+    const double median = all[all.size() / 2];
+    if (all.size() > 1 && *hit->second.cpu_utilization_ratio - median < 0.1) return std::nullopt;
+    return *hit->second.cpu_utilization_ratio;
   }
 
   // The rank's own split against its peers over the detector window.

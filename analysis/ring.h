@@ -9,7 +9,8 @@ namespace stepwatch::analysis {
 template <typename T>
 class Ring {
  public:
-  explicit Ring(size_t capacity = 1) : buf_(capacity == 0 ? 1 : capacity) {}
+  // A ring of capacity 0 (the default) holds nothing until it is replaced by a real one.
+  explicit Ring(size_t capacity = 0) : buf_(capacity) {}
 
   size_t capacity() const { return buf_.size(); }
   size_t size() const { return size_; }
@@ -18,6 +19,7 @@ class Ring {
 
   // Appends `value`; when full, the oldest element is dropped and returned through `evicted`.
   bool Push(const T& value, T* evicted = nullptr) {
+    if (buf_.empty()) return false;
     bool dropped = false;
     if (full()) {
       if (evicted != nullptr) *evicted = buf_[head_];

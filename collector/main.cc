@@ -9,14 +9,12 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "collector/server.h"
 #include "common/clock.h"
+#include "common/flags.h"
 #include "common/log.h"
+#include "common/net.h"
 
 ABSL_FLAG(std::string, grpc_listen, "0.0.0.0:7070",
           "HOST:PORT for the gRPC services (Ingest from agents, Query for stepwatchctl, health). "
@@ -65,53 +63,29 @@ namespace {
 
 int64_t SecondsToNanos(double s) { return static_cast<int64_t>(std::llround(s * 1e9)); }
 
-// absl flags are spelled with underscores; the documented command line uses dashes. Accept both
-// by rewriting "--grpc-listen=..." to "--grpc_listen=..." before parsing.
-std::vector<std::string> NormalizeFlagSpelling(int argc, char** argv) {
-  std::vector<std::string> out;
-  bool flags_done = false;
-  for (int i = 0; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (i > 0 && !flags_done && arg == "--") flags_done = true;
-    if (i > 0 && !flags_done && arg.size() > 2 && arg[0] == '-') {
-      size_t start = arg.find_first_not_of('-');
-      size_t end = std::min(arg.find('='), arg.size());
-      for (size_t j = start; j < end; ++j) {
-        if (arg[j] == '-') arg[j] = '_';
-      }
-    }
-    out.push_back(std::move(arg));
-  }
-  return out;
-}
-
 bool Positive(double v) { return std::isfinite(v) && v > 0; }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --help lists the flags defined in this file.
-  absl::FlagsUsageConfig usage_config;
-  usage_config.contains_help_flags = [](absl::string_view path) {
-    return absl::EndsWith(path, "collector/main.cc");
-  };
-  absl::SetFlagsUsageConfig(usage_config);
-  absl::SetProgramUsageMessage(
+  stepwatch::FlagsSpec spec;
+  spec.program = "stepwatch-collector";
+  spec.main_file = "collector/main.cc";
+  spec.usage =
       "gathers step timings and GPU/host samples from stepwatch agents, "
       "finds stragglers, underutilized GPUs and lost scaling, and serves them to Prometheus "
       "(/metrics) and stepwatchctl (gRPC Query).\n"
       "Usage: stepwatch-collector --grpc-listen=HOST:PORT --metrics-listen=HOST:PORT "
       "[--state-dir=DIR] [--expire=SECONDS] ...\n"
       "Flags may be spelled with dashes or underscores; durations are seconds, fractions "
-      "allowed.");
-  std::vector<std::string> args = NormalizeFlagSpelling(argc, argv);
-  std::vector<char*> arg_ptrs;
-  for (std::string& a : args) arg_ptrs.push_back(a.data());
-  std::vector<char*> positional =
-      absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
-  if (positional.size() > 1) {
-    SW_LOG_ERROR << "unexpected argument \"" << positional[1] << "\" (see --help)";
-    return 2;
+      "allowed.";
+  stepwatch::ParseFlagsOrExit(argc, argv, spec);
+  for (const std::string& address :
+       {absl::GetFlag(FLAGS_grpc_listen), absl::GetFlag(FLAGS_metrics_listen)}) {
+    if (absl::StatusOr<stepwatch::HostPort> parsed = stepwatch::ParseHostPort(address);
+        !parsed.ok()) {
+      stepwatch::UsageError(spec.program, parsed.status().message());
+    }
   }
 
   stepwatch::collector::CollectorServerOptions options;

@@ -1,5 +1,11 @@
 #include "collector/server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <utility>
@@ -23,6 +29,33 @@ std::string JoinHostPort(const HostPort& hp) {
   std::string host = hp.host.empty() ? "0.0.0.0" : hp.host;
   if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
   return absl::StrCat(host, ":", hp.port);
+}
+
+// Opens and closes one TCP connection to the listener at host:port (an unspecified host means
+// loopback). Failures do not matter: it is only a wake-up.
+void WakeListener(const std::string& host, int port) {
+  const bool v6 = host.find(':') != std::string::npos;
+  std::string target = host;
+  if (host.empty() || host == "0.0.0.0") target = "127.0.0.1";
+  if (host == "::") target = "::1";
+  int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  if (v6) {
+    sockaddr_in6 addr{};
+    addr.sin6_family = AF_INET6;
+    addr.sin6_port = htons(static_cast<uint16_t>(port));
+    if (inet_pton(AF_INET6, target.c_str(), &addr.sin6_addr) == 1) {
+      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    }
+  } else {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    if (inet_pton(AF_INET, target.c_str(), &addr.sin_addr) == 1) {
+      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    }
+  }
+  close(fd);
 }
 
 }  // namespace
@@ -87,7 +120,7 @@ absl::Status CollectorServer::Init() {
   if (server_ == nullptr || grpc_port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen for gRPC on ", options_.grpc_listen));
   }
-  SW_LOG_INFO << "gRPC listening on " << grpc_hp.host << ":" << grpc_port_
+  SW_LOG_INFO << "gRPC listening on " << JoinHostPort({grpc_hp.host, grpc_port_})
               << " (Ingest, Query, health)";
 
   if (!options_.metrics_listen.empty()) {
@@ -102,7 +135,8 @@ absl::Status CollectorServer::Init() {
     exposer_->RegisterCollectable(collectable_);
     const std::vector<int> ports = exposer_->GetListeningPorts();
     metrics_port_ = ports.empty() ? 0 : ports.front();
-    SW_LOG_INFO << "metrics listening on " << metrics_hp.host << ":" << metrics_port_ << "/metrics";
+    SW_LOG_INFO << "metrics listening on http://" << JoinHostPort({metrics_hp.host, metrics_port_})
+                << "/metrics";
   }
 
   ticker_ = std::thread([this] { TickerLoop(); });
@@ -148,15 +182,31 @@ void CollectorServer::Shutdown(int64_t grace_nanos) {
   }
   ticker_cv_.notify_all();
   if (ticker_.joinable()) ticker_.join();
-  // Scrapes read the state: stop them before the state can go away. (The HTTP server polls its
-  // listener every 2 s, so this can take that long.)
-  exposer_.reset();
+  // Scrapes read the state: stop them before the state can go away.
+  StopExposer();
   absl::Status st = SaveState();
   if (!st.ok()) {
     SW_LOG_WARNING << "cannot save state at shutdown: " << st;
   } else if (!options_.state_dir.empty()) {
     SW_LOG_INFO << "saved scaling history to " << StatePath();
   }
+}
+
+void CollectorServer::StopExposer() {
+  if (exposer_ == nullptr) return;
+  // The HTTP server notices a stop request only when its listener wakes up, which it does every
+  // 2 s or on a connection: connect to it so that shutdown does not sit out the 2 s.
+  std::atomic<bool> stopped{false};
+  std::thread stopper([this, &stopped] {
+    exposer_.reset();
+    stopped.store(true);
+  });
+  absl::StatusOr<HostPort> hp = ParseHostPort(options_.metrics_listen);
+  for (int i = 0; i < 100 && !stopped.load() && hp.ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!stopped.load()) WakeListener(hp->host, metrics_port_);
+  }
+  stopper.join();
 }
 
 CollectorServer::~CollectorServer() { Shutdown(); }

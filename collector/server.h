@@ -64,6 +64,7 @@ class CollectorServer {
   CollectorServer(CollectorServerOptions options, const Clock* clock);
   absl::Status Init();
   void TickerLoop();
+  void StopExposer();
   std::string StatePath() const;
 
   const CollectorServerOptions options_;

@@ -16,8 +16,8 @@ namespace {
 
 bool IsBuiltinFlag(const std::string& name) {
   static const std::set<std::string> kBuiltin = {
-      "help",      "helpfull",        "helpshort", "helppackage", "helpon", "helpmatch",
-      "version",   "only_check_args", "flagfile",  "fromenv",     "tryfromenv", "undefok"};
+      "help",    "helpfull",        "helpshort", "helppackage", "helpon",     "helpmatch",
+      "version", "only_check_args", "flagfile",  "fromenv",     "tryfromenv", "undefok"};
   return kBuiltin.count(name) > 0;
 }
 
@@ -59,7 +59,8 @@ std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const FlagsSpec
     }
     const size_t dashes = arg[1] == '-' ? 2 : 1;
     const size_t eq = arg.find('=');
-    std::string name = arg.substr(dashes, eq == std::string::npos ? std::string::npos : eq - dashes);
+    std::string name =
+        arg.substr(dashes, eq == std::string::npos ? std::string::npos : eq - dashes);
     for (char& c : name) {
       if (c == '-') c = '_';
     }

@@ -17,10 +17,10 @@ void WriteLogLine(LogLevel level, const char* file, int line, absl::string_view 
   tm utc;
   gmtime_r(&ts.tv_sec, &utc);
   char level_char = level == LogLevel::kInfo ? 'I' : level == LogLevel::kWarning ? 'W' : 'E';
-  std::string out = absl::StrFormat("%04d-%02d-%02dT%02d:%02d:%02d.%03dZ %c %s:%d] %s\n",
-                                    utc.tm_year + 1900, utc.tm_mon + 1, utc.tm_mday, utc.tm_hour,
-                                    utc.tm_min, utc.tm_sec, static_cast<int>(ts.tv_nsec / 1000000),
-                                    level_char, base, line, message);
+  std::string out =
+      absl::StrFormat("%04d-%02d-%02dT%02d:%02d:%02d.%03dZ %c %s:%d] %s\n", utc.tm_year + 1900,
+                      utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec,
+                      static_cast<int>(ts.tv_nsec / 1000000), level_char, base, line, message);
   // One write() per line keeps lines from concurrent threads whole.
   ssize_t ignored = ::write(STDERR_FILENO, out.data(), out.size());
   (void)ignored;

@@ -19,7 +19,8 @@ void WriteLogLine(LogLevel level, const char* file, int line, absl::string_view 
 
 class LogMessage {
  public:
-  LogMessage(LogLevel level, const char* file, int line) : level_(level), file_(file), line_(line) {}
+  LogMessage(LogLevel level, const char* file, int line)
+      : level_(level), file_(file), line_(line) {}
   ~LogMessage() { WriteLogLine(level_, file_, line_, stream_.str()); }
   LogMessage(const LogMessage&) = delete;
   LogMessage& operator=(const LogMessage&) = delete;
@@ -53,7 +54,8 @@ class LogRateLimiter {
 
 }  // namespace stepwatch
 
-#define SW_LOG_INFO ::stepwatch::LogMessage(::stepwatch::LogLevel::kInfo, __FILE__, __LINE__).stream()
+#define SW_LOG_INFO \
+  ::stepwatch::LogMessage(::stepwatch::LogLevel::kInfo, __FILE__, __LINE__).stream()
 #define SW_LOG_WARNING \
   ::stepwatch::LogMessage(::stepwatch::LogLevel::kWarning, __FILE__, __LINE__).stream()
 #define SW_LOG_ERROR \

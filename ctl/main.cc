@@ -8,12 +8,10 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/flags.h"
 #include "common/net.h"
 #include "ctl/format.h"
 #include "grpcpp/grpcpp.h"
@@ -68,43 +66,18 @@ int Print(const Response& response, Format format) {
   return 0;
 }
 
-// Flags may be written with dashes, as in the documented command line.
-std::vector<std::string> NormalizeFlagSpelling(int argc, char** argv) {
-  std::vector<std::string> out;
-  bool flags_done = false;
-  for (int i = 0; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (i > 0 && !flags_done && arg == "--") flags_done = true;
-    if (i > 0 && !flags_done && arg.size() > 2 && arg[0] == '-') {
-      size_t start = arg.find_first_not_of('-');
-      size_t end = std::min(arg.find('='), arg.size());
-      for (size_t j = start; j < end; ++j) {
-        if (arg[j] == '-') arg[j] = '_';
-      }
-    }
-    out.push_back(std::move(arg));
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --help lists the flags defined in this file.
-  absl::FlagsUsageConfig usage_config;
-  usage_config.contains_help_flags = [](absl::string_view path) {
-    return absl::EndsWith(path, "ctl/main.cc");
-  };
-  absl::SetFlagsUsageConfig(usage_config);
-  absl::SetProgramUsageMessage(kUsage);
-  std::vector<std::string> args = NormalizeFlagSpelling(argc, argv);
-  std::vector<char*> arg_ptrs;
-  for (std::string& a : args) arg_ptrs.push_back(a.data());
-  std::vector<char*> positional =
-      absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
-  if (positional.size() < 2) return Usage("missing command");
-  const std::string command = positional[1];
-  const std::vector<std::string> rest(positional.begin() + 2, positional.end());
+  stepwatch::FlagsSpec spec;
+  spec.program = "stepwatchctl";
+  spec.main_file = "ctl/main.cc";
+  spec.usage = kUsage;
+  const std::vector<std::string> positional =
+      stepwatch::ParseFlagsOrExit(argc, argv, spec, /*allow_positional=*/true);
+  if (positional.empty()) return Usage("missing command");
+  const std::string command = positional[0];
+  const std::vector<std::string> rest(positional.begin() + 1, positional.end());
 
   const std::string address = CollectorAddress();
   absl::StatusOr<stepwatch::HostPort> hp = stepwatch::ParseHostPort(address);

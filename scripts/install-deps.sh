@@ -14,8 +14,14 @@ build_pkgs=(
 )
 test_pkgs=(
   prometheus prometheus-alertmanager python3-torch curl procps iproute2
+  python3-pip python3-setuptools
   python3-yaml shellcheck
 )
+# kubectl checks the Kubernetes manifests offline; keep one that is already installed (some
+# machines carry kubectl from another package that conflicts with Debian's).
+if ! command -v kubectl >/dev/null 2>&1; then
+  test_pkgs+=(kubernetes-client)
+fi
 
 case "$profile" in
   build) wanted=("${build_pkgs[@]}") ;;

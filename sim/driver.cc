@@ -35,7 +35,8 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& con
   size_t written = std::fwrite(content.data(), 1, content.size(), f);
   bool ok = std::fclose(f) == 0 && written == content.size();
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot replace ", path, ": ", std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("cannot replace ", path, ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -162,9 +163,9 @@ absl::Status Driver::Run() {
     if (sim_start < 0) sim_start = tick.unix_nanos;
     // Pace: the step ends at its simulated time, scaled by speed. Sleep in short slices so that
     // Stop() takes effect promptly even during a long simulated hang.
-    const auto due = wall_start + std::chrono::nanoseconds(static_cast<int64_t>(
-                                      static_cast<double>(tick.unix_nanos - sim_start) /
-                                      options_.speed));
+    const auto due =
+        wall_start + std::chrono::nanoseconds(static_cast<int64_t>(
+                         static_cast<double>(tick.unix_nanos - sim_start) / options_.speed));
     while (!stop_.load() && std::chrono::steady_clock::now() < due) {
       std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
           due - std::chrono::steady_clock::now(), std::chrono::milliseconds(100)));

@@ -62,7 +62,8 @@ int main(int argc, char** argv) {
   for (const std::string& pair : absl::GetFlag(FLAGS_sockets)) {
     std::vector<std::string> parts = absl::StrSplit(pair, absl::MaxSplits('=', 1));
     if (parts.size() != 2 || parts[0].empty() || parts[1].empty()) {
-      std::fprintf(stderr, "stepwatch-sim: --sockets entry \"%s\" is not node=path\n", pair.c_str());
+      std::fprintf(stderr, "stepwatch-sim: --sockets entry \"%s\" is not node=path\n",
+                   pair.c_str());
       return 2;
     }
     options.sockets[parts[0]] = parts[1];

@@ -116,6 +116,10 @@ absl::StatusOr<Scenario> ParseScenario(absl::string_view text) {
   SW_SIM_CHECK(GetDouble(root, w, "gpu_interval_s", 0.01, 3600, &sc.gpu_interval_s));
   SW_SIM_CHECK(GetSmallInt(root, w, "pp_stages", 1, 1024, &sc.pp_stages));
   SW_SIM_CHECK(GetSmallInt(root, w, "idle_gpus_per_node", 0, 64, &sc.idle_gpus_per_node));
+  if (const Value* v = root.Find("sm_activity")) {
+    if (!v->is_bool()) return FieldError(w, "sm_activity", "true or false");
+    sc.sm_activity = v->as_bool();
+  }
   if ((sc.nodes * sc.gpus_per_node) % sc.pp_stages != 0) {
     return absl::InvalidArgumentError("scenario: pp_stages must divide the number of ranks");
   }
@@ -212,6 +216,13 @@ Generator::Generator(Scenario scenario) : sc_(std::move(scenario)), rng_(sc_.see
     }
     truth_.push_back(t);
   }
+}
+
+const std::string& Generator::NodeName(int node) {
+  while (static_cast<int>(node_names_.size()) <= node) {
+    node_names_.push_back(absl::StrCat("node-", node_names_.size()));
+  }
+  return node_names_[node];
 }
 
 bool Generator::Active(const Fault& f, int64_t step) const {
@@ -336,7 +347,7 @@ bool Generator::Next(Tick* tick) {
         s.dp_rank = r % per_stage;
         s.tp_rank = 0;
       }
-      s.node = absl::StrCat("node-", r / sc_.gpus_per_node);
+      s.node = NodeName(r / sc_.gpus_per_node);
       s.pid = 10000 + r;
       s.received_unix_nanos = now_;
       tick->samples.push_back(std::move(s));
@@ -346,7 +357,7 @@ bool Generator::Next(Tick* tick) {
   if (elapsed_s_ >= next_gpu_sample_) {
     while (next_gpu_sample_ <= elapsed_s_) next_gpu_sample_ += sc_.gpu_interval_s;
     for (int n = 0; n < nodes; ++n) {
-      const std::string node = absl::StrCat("node-", n);
+      const std::string& node = NodeName(n);
       for (int g = 0; g < sc_.gpus_per_node + sc_.idle_gpus_per_node; ++g) {
         analysis::GpuReading x;
         x.node = node;
@@ -374,6 +385,11 @@ bool Generator::Next(Tick* tick) {
         x.temperature_celsius = throttled[r] ? 91 : 66;
         x.throttle_reasons = throttled[r] ? kThermalThrottle : 0;
         x.pids = {static_cast<uint32_t>(10000 + r)};
+        if (sc_.sm_activity) {
+          // SM activity counts compute only: waiting for data or for the collective is not.
+          const double sm = hung ? 0.0 : compute[r] / step_s * gpu_util[r];
+          x.sm_activity_ratio = std::clamp(sm * (1 + 0.01 * normal(rng_)), 0.0, 1.0);
+        }
         tick->gpus.push_back(std::move(x));
       }
       analysis::HostReading h;

@@ -10,6 +10,7 @@
 //   "compute_fraction": 0.7, "data_fraction": 0.05,        // of step_s; the rest is communication
 //   "report": "full" | "step_comm" | "step_only",           // which fields ranks send
 //   "samples_per_rank": 32, "gpu_interval_s": 1.0, "pp_stages": 1, "idle_gpus_per_node": 0,
+//   "sm_activity": false,                                   // GPUs also report SM activity
 //   "phases": [{"steps": 100, "step_s": 0.8}],              // step_s per phase; then "step_s"
 //   "faults": [{"kind": "slow_rank", "onset": 500, "end": 1500, "rank": 3, "factor": 1.1}]
 // }
@@ -69,6 +70,7 @@ struct Scenario {
   double gpu_interval_s = 1.0;
   int pp_stages = 1;
   int idle_gpus_per_node = 0;
+  bool sm_activity = false;  // GPU readings carry SM activity (DCGM / GPM) besides utilization
   std::vector<Phase> phases;
   std::vector<Fault> faults;
 };
@@ -120,6 +122,7 @@ class Generator {
   int Nodes(int64_t step) const;
   double ThroughputFactor(int64_t step) const;
   bool Active(const Fault& f, int64_t step) const;
+  const std::string& NodeName(int node);
 
   Scenario sc_;
   std::vector<Truth> truth_;
@@ -128,6 +131,7 @@ class Generator {
   int64_t now_ = kStartUnixNanos;
   double next_gpu_sample_ = 0;  // seconds since start
   double elapsed_s_ = 0;
+  std::vector<std::string> node_names_;
 };
 
 }  // namespace stepwatch::sim

@@ -31,6 +31,8 @@ bool IsConsequence(const Truth& t, FindingKind kind) {
   if (k == "slow_rank" || k == "throttled_gpu" || k == "slow_stage") {
     return kind == FindingKind::kRegression;
   }
+  // A hung job computes nothing: where SM activity is measured its GPUs read idle.
+  if (k == "hang") return kind == FindingKind::kUnderutilizedGpu;
   // Ranks of a slow node are stragglers until the whole node is seen to be slow.
   if (k == "slow_node") {
     return kind == FindingKind::kRegression || kind == FindingKind::kStraggler;

@@ -39,6 +39,19 @@ void BM_ParseStepEvent(benchmark::State& state) {
 }
 BENCHMARK(BM_ParseStepEvent);
 
+// The same datagram through the general JSON parser only (what a nested or escaped datagram
+// costs).
+void BM_ParseStepEventGeneralParser(benchmark::State& state) {
+  const std::string datagram = TypicalEvent(123456);
+  v1::StepEvent event;
+  for (auto _ : state) {
+    auto rejection = ParseStepEventWithoutFastPath(datagram, &event);
+    benchmark::DoNotOptimize(rejection);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_ParseStepEventGeneralParser);
+
 void BM_ParseRejectedNotJson(benchmark::State& state) {
   const std::string datagram = R"({"job":"j","rank":1,"world_size":)";
   v1::StepEvent event;

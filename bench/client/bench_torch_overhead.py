@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Overhead per step of stepwatch.torch.watch on a real DDP job (gloo, CPU).
 
-Runs tests/integration/ddp_train.py (a tiny model, so that the fixed cost per step shows) with and
-without watch(), alternating, several rounds; every rank reports to a real bound socket that a
-separate process drains. Prints the median over rounds of the mean wall time per step (rank 0,
-warm-up steps left out) for both, and the difference.
+Two measurements, both with a tiny model so that the fixed cost per step shows, and a real bound
+socket that a separate process drains:
+1. in this process, DDP with world size 1: the same loop over two identical models, one watched,
+   alternating epochs, so that both see the same machine load; the median per-step wall and CPU
+   time of each and the difference.
+2. --world ranks of tests/integration/ddp_train.py with and without watch(), alternating runs;
+   the median over runs of rank 0's mean wall time per step (warm-up steps left out). On a busy
+   machine this one is noisy: the spread is printed.
 
     /usr/bin/python3 bench/client/bench_torch_overhead.py [--world 2] [--steps 400] [--rounds 5]
 """
@@ -17,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN = os.path.join(HERE, "..", "..", "tests", "integration", "ddp_train.py")
@@ -54,12 +59,66 @@ def run(world, steps, watched, socket_path):
     return json.loads(outputs[0].strip().splitlines()[-1])
 
 
+def in_process(socket_path, epochs):
+    """Measurement 1; returns a dict of results."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+    import stepwatch.torch
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % free_port(), rank=0,
+                            world_size=1)
+    setups = {}
+    for name in ("without", "with"):
+        torch.manual_seed(0)
+        model = DistributedDataParallel(torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)))
+        data = torch.utils.data.TensorDataset(torch.randn(1024, 32), torch.randn(1024, 4))
+        loader = torch.utils.data.DataLoader(data, batch_size=16, drop_last=True)
+        watch = None
+        if name == "with":
+            watch = stepwatch.torch.watch(model, loader, socket_path=socket_path, job="overhead")
+        setups[name] = (model, loader, torch.optim.SGD(model.parameters(), lr=0.01), watch)
+    wall = {name: [] for name in setups}
+    cpu = {name: [] for name in setups}
+    for epoch in range(epochs + 1):
+        for name, (model, loader, opt, _) in setups.items():
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            for x, y in loader:
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            if epoch == 0:
+                continue  # warm-up
+            wall[name].append((time.perf_counter() - start) / len(loader))
+            cpu[name].append((time.thread_time() - start_cpu) / len(loader))
+    watch = setups["with"][3]
+    dist.destroy_process_group()
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+    return {
+        "case": "in_process_world_1", "epochs": epochs,
+        "step_us_without": round(med["without"] * 1e6, 1),
+        "step_us_with": round(med["with"] * 1e6, 1),
+        "overhead_us_per_step": round((med["with"] - med["without"]) * 1e6, 1),
+        "cpu_step_us_without": round(med_cpu["without"] * 1e6, 1),
+        "cpu_step_us_with": round(med_cpu["with"] * 1e6, 1),
+        "cpu_overhead_us_per_step": round((med_cpu["with"] - med_cpu["without"]) * 1e6, 1),
+        "sent": watch.reporter.sent, "dropped": watch.reporter.dropped,
+    }
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world", type=int, default=2, help="ranks")
     parser.add_argument("--steps", type=int, default=400, help="steps per run")
     parser.add_argument("--rounds", type=int, default=5, help="runs with and without watch()")
+    parser.add_argument("--epochs", type=int, default=20, help="epochs of the in-process case")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="sw-overhead-") as tmp:
@@ -68,6 +127,7 @@ def main():
                                  text=True)
         try:
             assert drain.stdout.readline().strip() == "ready"
+            print(json.dumps(in_process(path, args.epochs)), flush=True)
             plain, watched, sent, dropped = [], [], 0, 0
             for _ in range(args.rounds):
                 plain.append(run(args.world, args.steps, False, path)["step_s"])
@@ -81,7 +141,7 @@ def main():
     without_s = statistics.median(plain)
     with_s = statistics.median(watched)
     print(json.dumps({
-        "world": args.world, "steps": args.steps, "rounds": args.rounds,
+        "case": "processes", "world": args.world, "steps": args.steps, "rounds": args.rounds,
         "step_ms_without": round(without_s * 1e3, 4), "step_ms_with": round(with_s * 1e3, 4),
         "overhead_us_per_step": round((with_s - without_s) * 1e6, 1),
         "overhead_percent": round((with_s / without_s - 1) * 100, 2),

@@ -321,20 +321,29 @@ def job_view():
                                {"color": "orange", "value": 1.1},
                                {"color": "red", "value": 1.25}]), 12, 8)
     L.row("Ranks")
-    L.add(heatmap("Busy time per rank", "Median busy time (data + compute) of the slowest "
-                  "ranks and of every flagged rank. A straggler is the row that stays dark.",
+    L.add(heatmap("Busy time per rank", "Median busy time (data + compute) of the job's "
+                  "slowest ranks (the collector's --top-ranks). A straggler is the row that "
+                  "stays dark.",
                   [target(f"max by (rank) (stepwatch_rank_busy_seconds{J})", "{{rank}}")],
                   "s"), 14, 10)
+    L.add(bargauge("Busy time vs peers", "Busy time of the slowest ranks relative to their "
+                   "peers' median: 1.3 means 30% slower than a typical rank.",
+                   [target(f"max by (job, rank, node) (stepwatch_rank_busy_vs_median_ratio{J})",
+                           "rank {{rank}} on {{node}} ({{job}})", instant=True)], "x",
+                   minimum=1,
+                   thresholds=[{"color": "green", "value": None},
+                               {"color": "orange", "value": 1.06},
+                               {"color": "red", "value": 1.15}]), 10, 10)
     L.add(table("Stragglers", "Ranks flagged as stragglers, with their node. Look at the "
                 "node view for clocks, throttling and host CPU.",
                 [target(f"max by (job, rank, node) (stepwatch_straggler{J})", instant=True,
                         fmt="table")],
-                {"job": "Job", "rank": "Rank", "node": "Node", "Value": "Straggler"}), 10, 5)
+                {"job": "Job", "rank": "Rank", "node": "Node", "Value": "Straggler"}), 12, 6)
     L.add(table("Findings", "Active findings of the job.",
                 [target(f"max by (kind, severity, rank, node, gpu) (stepwatch_finding{J})",
                         instant=True, fmt="table")],
                 {"kind": "Kind", "severity": "Severity", "rank": "Rank", "node": "Node",
-                 "gpu": "GPU", "Value": "Active"}), 10, 5)
+                 "gpu": "GPU", "Value": "Active"}), 12, 6)
     L.add(timeseries("Progress", "Steps per second measured from the last reported step.",
                      [target(f"max by (job) (deriv(stepwatch_job_last_step{J}"
                              "[$__rate_interval]))", "{{job}}")], "short", minimum=0), 24, 6)

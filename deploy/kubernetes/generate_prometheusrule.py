@@ -22,6 +22,18 @@ HEADER = """\
 """
 
 
+class _Dumper(yaml.SafeDumper):
+    """Writes multi-line strings (long PromQL expressions) as literal blocks, as in the sources."""
+
+
+def _represent_str(dumper, value):
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
 def rule_groups(rules_dir=RULES_DIR):
     groups = []
     for path in sorted(glob.glob(os.path.join(rules_dir, "*.yml"))):
@@ -42,7 +54,8 @@ def render(rules_dir=RULES_DIR):
         },
         "spec": {"groups": rule_groups(rules_dir)},
     }
-    return HEADER + yaml.safe_dump(manifest, sort_keys=False, width=1 << 16, allow_unicode=True)
+    return HEADER + yaml.dump(manifest, Dumper=_Dumper, sort_keys=False, width=1 << 16,
+                              allow_unicode=True)
 
 
 def main(argv):

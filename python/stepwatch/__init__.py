@@ -16,7 +16,8 @@ launcher's environment unless given to configure(). Sending never blocks and nev
 agent is absent or busy the event is dropped, counted (get_reporter().dropped) and one warning is
 logged on the "stepwatch" logger.
 
-For PyTorch DDP, stepwatch.torch.watch(model, dataloader) does all of this without touching the loop.
+For PyTorch DDP, stepwatch.torch.watch(model, dataloader) does all of this without touching the
+loop.
 """
 
 import logging

@@ -111,7 +111,8 @@ def resolve(job=None, rank=None, world_size=None, socket_path=None, env=None, **
     if job is None:
         if world_size > 1:
             raise ValueError(
-                "cannot tell the job id of a %d-rank job: set STEPWATCH_JOB or pass job=" % world_size
+                "cannot tell the job id of a %d-rank job: set STEPWATCH_JOB or pass job="
+                % world_size
             )
         # A single process is its own job.
         job = "local-%s-%d" % (_socket.gethostname(), os.getpid())

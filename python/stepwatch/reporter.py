@@ -35,8 +35,8 @@ class Reporter:
     While the agent is unreachable, a connection is retried at most every `reconnect_interval`
     seconds; events in between are dropped without a system call.
 
-    Thread safety: send() may be called from several threads; step()/phase() scopes track one step
-    at a time and belong to the training loop's thread.
+    Thread safety: send() may be called from several threads (sent/dropped are then approximate);
+    step()/phase() scopes track one step at a time and belong to the training loop's thread.
     """
 
     def __init__(
@@ -152,7 +152,7 @@ class Reporter:
         return True
 
     def _connect(self):
-        """Connects a fresh non-blocking socket; None (with last_error set) when the agent is absent."""
+        """Connects a fresh non-blocking socket; None (last_error set) when the agent is absent."""
         with self._lock:
             if self._sock is not None:
                 return self._sock

@@ -5,9 +5,10 @@
     stepwatch.torch.watch(model, loader)   # the training loop stays as it is
 
 What is measured, per step and rank (all on the host clock, time.perf_counter):
-- step boundaries: a step starts when the loop asks the watched DataLoader for its batch (or, without
-  a loader, when the model's forward is called) and ends where the next one starts. Under gradient
-  accumulation (DDP no_sync) the forwards up to the one whose backward all-reduces form one step.
+- step boundaries: a step starts when the loop asks the watched DataLoader for its batch (or,
+  without a loader, when the model's forward is called) and ends where the next one starts. Under
+  gradient accumulation (DDP no_sync) the forwards up to the one whose backward all-reduces form
+  one step.
   Forwards in eval mode or under torch.no_grad() end the open step and are not steps themselves.
 - data_s: time inside the DataLoader iterator's __next__ (only with a watched loader).
 - comm_s: time blocked in DDP's gradient all-reduce. A DDP communication hook launches the
@@ -38,7 +39,8 @@ _perf_counter = time.perf_counter
 _MAX_UNRESOLVED_STEPS = 4
 
 
-def watch(model, dataloader=None, *, reporter=None, samples=None, start_step=0, **reporter_kwargs):
+def watch(model, dataloader=None, *, reporter=None, samples=None, start_step=0, time_comm=True,
+          **reporter_kwargs):
     """Instruments `model` (and `dataloader`) so that every training step is reported.
 
     model: a DistributedDataParallel model (communication is timed) or any nn.Module.
@@ -48,6 +50,9 @@ def watch(model, dataloader=None, *, reporter=None, samples=None, start_step=0, 
     reporter: a stepwatch.Reporter; default: one built from reporter_kwargs and the environment,
       with rank and world size from torch.distributed when it is initialized.
     samples: samples per step; default: the batch dimension of the forward's first tensor.
+    time_comm: time DDP's all-reduce with a communication hook (the default). False keeps DDP's
+      own hook and its overlap of communication with backward; events then carry step_s, data_s
+      and samples only, since compute cannot be told from communication.
     Returns a Watch; Watch.close() stops reporting.
     """
     if reporter is None:
@@ -61,7 +66,8 @@ def watch(model, dataloader=None, *, reporter=None, samples=None, start_step=0, 
         reporter = _reporter.Reporter(**reporter_kwargs)
     elif reporter_kwargs:
         raise ValueError("pass either reporter or reporter arguments, not both")
-    return Watch(model, dataloader, reporter, samples=samples, start_step=start_step)
+    return Watch(model, dataloader, reporter, samples=samples, start_step=start_step,
+                 time_comm=time_comm)
 
 
 def _gpu_index(model):
@@ -85,7 +91,8 @@ def _gpu_index(model):
 class Watch:
     """Hooks on one model (and loader) that turn its training steps into stepwatch events."""
 
-    def __init__(self, model, dataloader, reporter, *, samples=None, start_step=0):
+    def __init__(self, model, dataloader, reporter, *, samples=None, start_step=0,
+                 time_comm=True):
         self.reporter = reporter
         self.model = model
         self.dataloader = dataloader
@@ -107,8 +114,10 @@ class Watch:
 
         self._ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
         self._comm_hooked = False
-        if self._ddp:
+        if self._ddp and time_comm:
             self._comm_hooked = self._register_comm_hook(model)
+        # Compute is the rest of the step: only known when communication is timed or absent.
+        self._report_compute = self._comm_hooked or not self._ddp
         self._forward_handle = model.register_forward_pre_hook(self._on_forward)
         self._patched_loader = None
         self._loader_watched = dataloader is not None
@@ -241,7 +250,7 @@ class Watch:
             step,
             step_s,
             data_s if self._loader_watched else None,
-            compute_s,
+            compute_s if self._report_compute else None,
             comm_s,
             samples if samples else None,
         )
@@ -266,18 +275,25 @@ class Watch:
         buffer.div_(world)
         timed = self._active
         cuda = buffer.is_cuda
+        start_event = None
         if timed and cuda:
-            start_event = torch.cuda.Event(enable_timing=True)
-            start_event.record()
+            try:
+                start_event = torch.cuda.Event(enable_timing=True)
+                start_event.record()
+            except Exception:  # timing must never break the all-reduce
+                start_event = None
         start = _perf_counter()
         dist.all_reduce(buffer, group=group, async_op=True).wait()
         if timed:
-            if cuda:
-                end_event = torch.cuda.Event(enable_timing=True)
-                end_event.record()
-                with self._lock:
-                    self._comm_events.append((start_event, end_event))
-            else:
+            if start_event is not None:
+                try:
+                    end_event = torch.cuda.Event(enable_timing=True)
+                    end_event.record()
+                    with self._lock:
+                        self._comm_events.append((start_event, end_event))
+                except Exception:
+                    pass
+            elif not cuda:
                 elapsed = _perf_counter() - start
                 with self._lock:
                     self._comm_s += elapsed

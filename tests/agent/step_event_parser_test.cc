@@ -227,3 +227,92 @@ TEST(StepEventParserTest, ReasonNamesAreDistinctSnakeCase) {
 
 }  // namespace
 }  // namespace stepwatch::agent
+
+namespace stepwatch::agent {
+namespace {
+
+// The fast path and the general parser must agree on every input: same verdict, same reason,
+// same event. Inputs are valid events mutated at random (bytes replaced, inserted, deleted,
+// fields repeated or respelled), plus a fixed list of tricky ones.
+void ExpectSameVerdict(const std::string& input) {
+  v1::StepEvent fast_event, slow_event;
+  const auto fast = ParseStepEvent(input, &fast_event);
+  const auto slow = ParseStepEventWithoutFastPath(input, &slow_event);
+  ASSERT_EQ(fast.has_value(), slow.has_value()) << input;
+  if (fast) {
+    EXPECT_EQ(RejectReasonName(fast->reason), RejectReasonName(slow->reason)) << input;
+  } else {
+    EXPECT_EQ(fast_event.SerializeAsString(), slow_event.SerializeAsString()) << input;
+  }
+}
+
+TEST(StepEventParserTest, FastPathAgreesOnTrickyInputs) {
+  const char* cases[] = {
+      kValid,
+      R"( { "job" : "j" , "rank" : 0 , "world_size" : 1 , "step" : 0 , "step_s" : 1 } )",
+      R"({"job":"j","rank":-0,"world_size":1,"step":0,"step_s":1,"data_s":-0})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1e-3,"comm_s":1E+2})",
+      R"({"job":"j","rank":0,"world_size":1,"step":123456789012345678,"step_s":1})",
+      R"({"job":"j","rank":0,"world_size":1,"step":1234567890123456789,"step_s":1})",
+      R"({"job":"j","rank":0,"world_size":1,"step":12345678901234567890,"step_s":1})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":01})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1.})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":.5})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1e})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1e999})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"x":1,"x":2})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"x":{"y":1}})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"rank":0})",
+      R"({"job":"j","rank":0,"world_size":1,"worldSize":1,"step":0,"step_s":1})",
+      R"({"job":"j","rank":"x","world_size":1,"world_size":1,"step":0,"step_s":1})",
+      R"({"job":"j\u0041","rank":0,"world_size":1,"step":0,"step_s":1})",
+      R"({"jo\u0062":"j","rank":0,"world_size":1,"step":0,"step_s":1})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1}x)",
+      R"({"job":"j","rank":null,"world_size":1,"step":0,"step_s":1})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":true})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":nul})",
+      "{\"job\":\"j\x01\",\"rank\":0,\"world_size\":1,\"step\":0,\"step_s\":1}",
+      "{\"job\":\"\xc3\xa9\",\"rank\":0,\"world_size\":1,\"step\":0,\"step_s\":1}",
+      "{}",
+      "",
+      "{",
+      "[]",
+  };
+  for (const char* c : cases) ExpectSameVerdict(c);
+}
+
+TEST(StepEventParserTest, FastPathAgreesOnRandomMutations) {
+  const std::string alphabet = "{}[]\":,.-+eE0123456789 \t\\nultrfasjobkwzeidp_SA\x01\xc3\xa9";
+  const std::string bases[] = {
+      kValid,
+      R"({"job":"j","rank":1,"worldSize":2,"step":5,"stepS":0.2,"dataS":0.1,"extra":[1,{"a":2}]})",
+  };
+  uint64_t state = 42;
+  auto next = [&state] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<size_t>(state >> 33);
+  };
+  for (int i = 0; i < 20000; ++i) {
+    std::string s = bases[next() % 2];
+    const int edits = 1 + static_cast<int>(next() % 3);
+    for (int e = 0; e < edits && !s.empty(); ++e) {
+      const size_t pos = next() % s.size();
+      switch (next() % 3) {
+        case 0:
+          s[pos] = alphabet[next() % alphabet.size()];
+          break;
+        case 1:
+          s.insert(pos, 1, alphabet[next() % alphabet.size()]);
+          break;
+        default:
+          s.erase(pos, 1);
+      }
+    }
+    ExpectSameVerdict(s);
+    if (HasFailure()) return;
+  }
+}
+
+}  // namespace
+}  // namespace stepwatch::agent

@@ -357,6 +357,29 @@ TEST(EngineTest, StepOnlyReportsGiveNoStraggler) {
   EXPECT_TRUE(Of(e, FindingKind::kStraggler).empty());  // all step times are equal
 }
 
+TEST(EngineTest, StepOnlyReportsUseSmActivityWhenGpusReportIt) {
+  Engine e;
+  JobDriver d(&e, "j", 1, 8);
+  d.report_split = false;
+  d.split = [](int rank, int64_t) { return Split{rank == 4 ? 0.55 : 0.4, 0.02}; };
+  // The GPU of each rank reports its SM activity: compute share of the (common) step.
+  d.after_step = [&](int64_t) {
+    for (int g = 0; g < 8; ++g) {
+      GpuReading x;
+      x.node = "node-0";
+      x.index = g;
+      x.sampled_unix_nanos = d.now();
+      x.utilization_ratio = 1.0;
+      x.sm_activity_ratio = (g == 4 ? 0.55 : 0.4) / 0.67;
+      e.AddGpu(x);
+    }
+  };
+  d.Run(60);
+  auto f = Of(e, FindingKind::kStraggler);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].rank, 4);
+}
+
 TEST(EngineTest, WholeSlowNodeIsOneNodeFinding) {
   Engine e;
   JobDriver d(&e, "j", 4, 8);
@@ -663,6 +686,33 @@ TEST(EngineTest, PendingStepsAreBounded) {
     ASSERT_TRUE(e.AddStep(s).ok());
   }
   EXPECT_EQ(e.Job("j")->median_step_s, 1);  // old steps were completed with what they had
+}
+
+TEST(EngineTest, HugeWorldSizeCostsOnlyTheRanksThatReport) {
+  Engine e;
+  StepSample s;
+  s.job = "big";
+  s.world_size = 100000;
+  s.rank = 99999;
+  s.step_s = 1;
+  s.node = "node-a";
+  ASSERT_TRUE(e.AddStep(s).ok());
+  auto ranks = e.Ranks("big");
+  ASSERT_EQ(ranks.size(), 1u);
+  EXPECT_EQ(ranks[0].rank, 99999);
+  EXPECT_EQ(e.Job("big")->ranks_reporting, 1);
+}
+
+TEST(EngineTest, RemoveNodeForgetsItsRanksAndGpus) {
+  Engine e;
+  JobDriver d(&e, "j", 2, 4);
+  d.split = [](int rank, int64_t) { return Split{rank == 5 ? 0.6 : 0.4, 0.02}; };
+  d.Run(40);
+  ASSERT_EQ(Of(e, FindingKind::kStraggler).size(), 1u);
+  e.RemoveNode("node-1");
+  EXPECT_TRUE(Of(e, FindingKind::kStraggler).empty());
+  EXPECT_EQ(e.Ranks("j").size(), 4u);
+  EXPECT_EQ(e.Job("j")->ranks_reporting, 4);
 }
 
 TEST(EngineTest, DecodesThrottleReasons) {

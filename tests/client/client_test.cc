@@ -87,7 +87,7 @@ ReporterOptions Options(const FakeAgent& agent, bool background = false) {
   return o;
 }
 
-TEST(ReporterTest, SendsTheDocumentedJson) {
+TEST(ClientReporterTest, SendsTheDocumentedJson) {
   FakeAgent agent;
   ReporterOptions o = Options(agent);
   o.local_rank = 1;
@@ -118,7 +118,7 @@ TEST(ReporterTest, SendsTheDocumentedJson) {
   EXPECT_EQ(reporter.dropped(), 0u);
 }
 
-TEST(ReporterTest, LeavesOutAbsentFieldsAndRoundTripsDoubles) {
+TEST(ClientReporterTest, LeavesOutAbsentFieldsAndRoundTripsDoubles) {
   FakeAgent agent;
   Reporter reporter(Options(agent));
   StepRecord r;
@@ -133,7 +133,7 @@ TEST(ReporterTest, LeavesOutAbsentFieldsAndRoundTripsDoubles) {
   EXPECT_EQ(v.Find("step_s")->as_double(), 1.0 / 3.0);  // shortest form, exact round trip
 }
 
-TEST(ReporterTest, EscapesTheJobId) {
+TEST(ClientReporterTest, EscapesTheJobId) {
   FakeAgent agent;
   ReporterOptions o = Options(agent);
   o.job = std::string("a \"quoted\"\\job\n\x01", 16);
@@ -146,7 +146,7 @@ TEST(ReporterTest, EscapesTheJobId) {
   EXPECT_EQ(v.Find("job")->as_string(), o.job);
 }
 
-TEST(ReporterTest, DropsInvalidRecordsWithoutSending) {
+TEST(ClientReporterTest, DropsInvalidRecordsWithoutSending) {
   FakeAgent agent;
   Reporter reporter(Options(agent));
   auto record = [](double step_s) {
@@ -176,7 +176,7 @@ TEST(ReporterTest, DropsInvalidRecordsWithoutSending) {
   EXPECT_EQ(agent.Recv(50), "");
 }
 
-TEST(ReporterTest, AbsentAgentDropsCountsAndWarnsOnce) {
+TEST(ClientReporterTest, AbsentAgentDropsCountsAndWarnsOnce) {
   FakeAgent agent;
   agent.Unbind();
   ReporterOptions o = Options(agent);
@@ -189,8 +189,7 @@ TEST(ReporterTest, AbsentAgentDropsCountsAndWarnsOnce) {
     r.step_s = 0.1;
     for (int i = 0; i < 20; ++i) EXPECT_FALSE(reporter.Send(r));
     EXPECT_EQ(reporter.dropped(), 20u);
-    EXPECT_NE(reporter.last_error().find(agent.path()), std::string::npos)
-        << reporter.last_error();
+    EXPECT_NE(reporter.last_error().find(agent.path()), std::string::npos) << reporter.last_error();
   }
   const std::string err = testing::internal::GetCapturedStderr();
   size_t count = 0;
@@ -201,7 +200,7 @@ TEST(ReporterTest, AbsentAgentDropsCountsAndWarnsOnce) {
   EXPECT_EQ(count, 1u) << err;
 }
 
-TEST(ReporterTest, RateLimitsConnectAttempts) {
+TEST(ClientReporterTest, RateLimitsConnectAttempts) {
   FakeAgent agent;
   agent.Unbind();
   ReporterOptions o = Options(agent);
@@ -217,7 +216,7 @@ TEST(ReporterTest, RateLimitsConnectAttempts) {
   EXPECT_EQ(agent.Recv(50), "");
 }
 
-TEST(ReporterTest, ReconnectsAfterAgentRestart) {
+TEST(ClientReporterTest, ReconnectsAfterAgentRestart) {
   FakeAgent agent;
   ReporterOptions o = Options(agent);
   o.reconnect_interval = std::chrono::milliseconds(10);
@@ -240,7 +239,7 @@ TEST(ReporterTest, ReconnectsAfterAgentRestart) {
   EXPECT_GE(reporter.dropped(), 1u);
 }
 
-TEST(ReporterTest, FullAgentQueueNeverBlocks) {
+TEST(ClientReporterTest, FullAgentQueueNeverBlocks) {
   FakeAgent agent;  // reads nothing until the end
   Reporter reporter(Options(agent));
   StepRecord r;
@@ -260,7 +259,7 @@ TEST(ReporterTest, FullAgentQueueNeverBlocks) {
   }
 }
 
-TEST(ReporterTest, BackgroundSenderDeliversInOrder) {
+TEST(ClientReporterTest, BackgroundSenderDeliversInOrder) {
   FakeAgent agent;
   ReporterOptions o = Options(agent, /*background=*/true);
   o.flush_interval = std::chrono::milliseconds(1);
@@ -285,7 +284,7 @@ TEST(ReporterTest, BackgroundSenderDeliversInOrder) {
   EXPECT_EQ(reporter.sent(), 50u);
 }
 
-TEST(ReporterTest, DestructorSendsWhatIsQueued) {
+TEST(ClientReporterTest, DestructorSendsWhatIsQueued) {
   FakeAgent agent;
   {
     ReporterOptions o = Options(agent, /*background=*/true);
@@ -299,7 +298,7 @@ TEST(ReporterTest, DestructorSendsWhatIsQueued) {
   EXPECT_EQ(agent.Drain().size(), 5u);
 }
 
-TEST(ReporterTest, FullClientQueueDrops) {
+TEST(ClientReporterTest, FullClientQueueDrops) {
   FakeAgent agent;
   agent.Unbind();  // every send fails fast
   ReporterOptions o = Options(agent, /*background=*/true);
@@ -317,7 +316,7 @@ TEST(ReporterTest, FullClientQueueDrops) {
   EXPECT_EQ(reporter.sent(), 0u);
 }
 
-TEST(ReporterTest, ConcurrentSendersLoseNothingSilently) {
+TEST(ClientReporterTest, ConcurrentSendersLoseNothingSilently) {
   FakeAgent agent;
   Reporter reporter(Options(agent, /*background=*/true));
   std::atomic<bool> stop{false};
@@ -351,7 +350,7 @@ TEST(ReporterTest, ConcurrentSendersLoseNothingSilently) {
   EXPECT_EQ(received.load(), sent);
 }
 
-TEST(ScopeTest, TimesStepAndNestedPhases) {
+TEST(ClientScopeTest, TimesStepAndNestedPhases) {
   FakeAgent agent;
   Reporter reporter(Options(agent));
   using std::chrono::milliseconds;
@@ -385,7 +384,7 @@ TEST(ScopeTest, TimesStepAndNestedPhases) {
   EXPECT_LT(compute_s, step_s - comm_s - data_s + 1e-9);
 }
 
-TEST(ScopeTest, NumbersStepsAndCancels) {
+TEST(ClientScopeTest, NumbersStepsAndCancels) {
   FakeAgent agent;
   Reporter reporter(Options(agent));
   for (int i = 0; i < 3; ++i) StepScope step(reporter);
@@ -428,9 +427,9 @@ class ScopedEnv {
 
  private:
   static constexpr const char* kNames[] = {
-      "RANK",          "WORLD_SIZE",   "LOCAL_RANK",   "STEPWATCH_JOB",    "STEPWATCH_SOCKET",
-      "SLURM_JOB_ID",  "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",    "MASTER_ADDR",
-      "MASTER_PORT",   "TORCHELASTIC_RUN_ID"};
+      "RANK",         "WORLD_SIZE",         "LOCAL_RANK",   "STEPWATCH_JOB", "STEPWATCH_SOCKET",
+      "SLURM_JOB_ID", "SLURM_PROCID",       "SLURM_NTASKS", "SLURM_LOCALID", "MASTER_ADDR",
+      "MASTER_PORT",  "TORCHELASTIC_RUN_ID"};
   std::vector<std::pair<const char*, std::optional<std::string>>> saved_;
 };
 
@@ -441,7 +440,7 @@ ReporterOptions EnvOptions() {
   return o;
 }
 
-TEST(EnvironmentTest, PlainTorchLaunch) {
+TEST(ClientEnvironmentTest, PlainTorchLaunch) {
   FakeAgent agent;
   ScopedEnv env({{"RANK", "3"},
                  {"WORLD_SIZE", "8"},
@@ -463,19 +462,25 @@ TEST(EnvironmentTest, PlainTorchLaunch) {
   EXPECT_EQ(v.Find("rank")->as_int64(), 3);
 }
 
-TEST(EnvironmentTest, JobIdPrecedence) {
+TEST(ClientEnvironmentTest, JobIdPrecedence) {
   {
-    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RUN_ID", "run42"},
+    ScopedEnv env({{"RANK", "0"},
+                   {"WORLD_SIZE", "2"},
+                   {"TORCHELASTIC_RUN_ID", "run42"},
                    {"SLURM_JOB_ID", "9"}});
     EXPECT_EQ(Reporter(EnvOptions()).job(), "run42");
   }
   {
-    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RUN_ID", "none"},
+    ScopedEnv env({{"RANK", "0"},
+                   {"WORLD_SIZE", "2"},
+                   {"TORCHELASTIC_RUN_ID", "none"},
                    {"SLURM_JOB_ID", "9"}});
     EXPECT_EQ(Reporter(EnvOptions()).job(), "slurm-9");
   }
   {
-    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RUN_ID", "run42"},
+    ScopedEnv env({{"RANK", "0"},
+                   {"WORLD_SIZE", "2"},
+                   {"TORCHELASTIC_RUN_ID", "run42"},
                    {"STEPWATCH_JOB", "mine"}});
     EXPECT_EQ(Reporter(EnvOptions()).job(), "mine");
     ReporterOptions o = EnvOptions();
@@ -497,7 +502,7 @@ TEST(EnvironmentTest, JobIdPrecedence) {
   }
 }
 
-TEST(EnvironmentTest, InvalidIdentityDisablesWithAClearError) {
+TEST(ClientEnvironmentTest, InvalidIdentityDisablesWithAClearError) {
   {
     ScopedEnv env({{"RANK", "abc"}, {"WORLD_SIZE", "2"}, {"STEPWATCH_JOB", "j"}});
     Reporter reporter(EnvOptions());

@@ -7,11 +7,13 @@
 
 #include <chrono>
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "collector/state_file.h"
 #include "common/clock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "stepwatch/v1/stepwatch.grpc.pb.h"
@@ -213,6 +215,27 @@ TEST_F(ServerTest, ShutdownWithAnOpenStreamIsBoundedAndSavesState) {
   server_.reset();
   StartServer();
   EXPECT_EQ(server_->state()->SerializeScalingHistory(), *saved);
+}
+
+TEST_F(ServerTest, HealthServiceSaysServing) {
+  // grpc.health.v1.Health/Check with an empty HealthCheckRequest; the answer's field 1 (status)
+  // is SERVING (1), encoded as the bytes 08 01.
+  grpc::GenericStub stub(channel_);
+  auto ctx = Context();
+  grpc::Slice empty_message("");
+  grpc::ByteBuffer request(&empty_message, 1);
+  grpc::ByteBuffer response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(ctx.get(), "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                 &response, [&done](grpc::Status s) { done.set_value(s); });
+  grpc::Status status = done.get_future().get();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
 }
 
 TEST_F(ServerTest, BusyPortIsAClearError) {

@@ -55,10 +55,29 @@ TEST(JsonTest, IntegersKeepExactValueAndRejectOverflowAsInteger) {
 }
 
 TEST(JsonTest, RejectsInvalidDocuments) {
-  for (const char* bad : {"", "{", "{\"a\":}", "{\"a\":1,}", "[1,]", "NaN", "Infinity", "-",
-                          "01", "1.", ".5", "{'a':1}", "{\"a\":1} x", "\"\\x\"", "\"\\ud800\"",
-                          "\"abc", "{\"a\":1,\"a\":2}", "tru", "1e999", "\"\x01\"", "\"\xff\"",
-                          "\"\xc0\xaf\"", "// c\n1"}) {
+  for (const char* bad : {"",
+                          "{",
+                          "{\"a\":}",
+                          "{\"a\":1,}",
+                          "[1,]",
+                          "NaN",
+                          "Infinity",
+                          "-",
+                          "01",
+                          "1.",
+                          ".5",
+                          "{'a':1}",
+                          "{\"a\":1} x",
+                          "\"\\x\"",
+                          "\"\\ud800\"",
+                          "\"abc",
+                          "{\"a\":1,\"a\":2}",
+                          "tru",
+                          "1e999",
+                          "\"\x01\"",
+                          "\"\xff\"",
+                          "\"\xc0\xaf\"",
+                          "// c\n1"}) {
     EXPECT_FALSE(Parse(bad).ok()) << "accepted: " << bad;
   }
 }

@@ -22,13 +22,6 @@ RULE_TESTS = sorted(glob.glob(os.path.join(DEPLOY, "prometheus", "tests", "*.yml
 DASHBOARD_DIR = os.path.join(DEPLOY, "grafana", "dashboards")
 K8S = os.path.join(DEPLOY, "kubernetes")
 
-# Metrics the dashboards use that the collector does not export yet; their panels stay empty
-# until it does (reported to the collector's owner).
-PENDING_METRICS = {
-    "stepwatch_rank_busy_seconds": "per-rank busy time (top-k and flagged ranks) for the heatmap",
-}
-
-
 def load_yaml(path):
     with open(path) as f:
         return yaml.safe_load(f)
@@ -227,8 +220,6 @@ class GrafanaTest(unittest.TestCase):
             for title, expr in panel_exprs(board):
                 for metric in metric_names(expr):
                     with self.subTest(dashboard=name, panel=title, metric=metric):
-                        if metric in PENDING_METRICS and not is_exported(metric, sources):
-                            self.skipTest(f"{metric} not exported yet: {PENDING_METRICS[metric]}")
                         self.assertTrue(is_exported(metric, sources), f"{metric} not exported")
 
     def test_provisioning(self):

@@ -189,6 +189,21 @@ class WatchTest(unittest.TestCase):
         self.assertEqual([e["step"] for e in events], [0, 1, 2])
         self.assertTrue(all("data_s" in e for e in events))
 
+    def test_without_comm_timing_compute_is_not_guessed(self):
+        model = DistributedDataParallel(SlowModel())
+        loader = torch.utils.data.DataLoader(SlowDataset(12), batch_size=4)
+        self.watch(model, loader, time_comm=False)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for x, y in loader:
+            train_step(model, opt, x, y)
+        events = self.agent.drain()
+        self.assertEqual([e["step"] for e in events], [0, 1, 2])
+        for e in events:
+            self.assertNotIn("comm_s", e)
+            self.assertNotIn("compute_s", e)
+            self.assertIn("data_s", e)
+            self.assertGreater(e["step_s"], e["data_s"])
+
     def test_rank_comes_from_torch_distributed(self):
         model = DistributedDataParallel(SlowModel())
         w = self.watch(model)

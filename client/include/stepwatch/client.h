@@ -48,8 +48,8 @@ enum class Phase : int { kData = 0, kCompute = 1, kComm = 2 };
 
 // One step of one rank, as sent. Absent optionals are left out of the JSON.
 struct StepRecord {
-  int64_t step = 0;     // >= 0
-  double step_s = 0;    // > 0, finite
+  int64_t step = 0;                 // >= 0
+  double step_s = 0;                // > 0, finite
   std::optional<double> data_s;     // >= 0, finite
   std::optional<double> compute_s;  // >= 0, finite
   std::optional<double> comm_s;     // >= 0, finite
@@ -160,8 +160,8 @@ class Reporter {
 
   // Queue; guarded by queue_mu_.
   std::mutex queue_mu_;
-  std::condition_variable queue_cv_;   // wakes the sender
-  std::condition_variable done_cv_;    // wakes Flush()
+  std::condition_variable queue_cv_;  // wakes the sender
+  std::condition_variable done_cv_;   // wakes Flush()
   std::vector<StepRecord> ring_;
   size_t head_ = 0;
   size_t size_ = 0;
@@ -458,9 +458,10 @@ inline void Reporter::Configure(const ReporterOptions& o) {
 
   prefix_ = "{\"job\":";
   client_internal::AppendJsonString(job_, &prefix_);
-  prefix_ += ",\"rank\":" + std::to_string(rank_) + ",\"world_size\":" + std::to_string(world_size_);
+  prefix_ +=
+      ",\"rank\":" + std::to_string(rank_) + ",\"world_size\":" + std::to_string(world_size_);
   const std::pair<const char*, int> optional_fields[] = {
-      {"local_rank", local_rank_}, {"gpu", o.gpu},           {"dp_rank", o.dp_rank},
+      {"local_rank", local_rank_}, {"gpu", o.gpu},         {"dp_rank", o.dp_rank},
       {"pp_stage", o.pp_stage},    {"tp_rank", o.tp_rank},
   };
   for (const auto& [name, value] : optional_fields) {
@@ -560,9 +561,8 @@ inline void Reporter::Run() noexcept {
   batch.reserve(ring_.size());
   std::unique_lock<std::mutex> lock(queue_mu_);
   while (true) {
-    queue_cv_.wait_for(lock, options_.flush_interval, [&] {
-      return stop_ || flush_requested_ || size_ > ring_.size() / 2;
-    });
+    queue_cv_.wait_for(lock, options_.flush_interval,
+                       [&] { return stop_ || flush_requested_ || size_ > ring_.size() / 2; });
     flush_requested_ = false;
     batch.clear();
     for (; size_ > 0; --size_) {
