@@ -4,24 +4,18 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/reflection.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "agent/agent_metrics.h"
 #include "agent/ingest_server.h"
 #include "agent/shipper.h"
+#include "common/flags.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "gpu/gpu_source.h"
@@ -65,73 +59,10 @@ ABSL_FLAG(int64_t, receive_buffer_bytes, 16 << 20,
 
 namespace {
 
-constexpr int kUsageError = 2;
+constexpr char kProgram[] = "stepwatch-agent";
 
 [[noreturn]] void UsageError(const std::string& message) {
-  std::fprintf(stderr, "stepwatch-agent: %s\nTry --help.\n", message.c_str());
-  std::exit(kUsageError);
-}
-
-bool IsHelpFlag(const std::string& name) {
-  static const std::set<std::string> kHelp = {"help",        "helpfull", "helpshort",
-                                              "helppackage", "version",  "only_check_args",
-                                              "helpon",      "helpmatch"};
-  return kHelp.count(name) > 0;
-}
-
-// The documented flags use dashes (--metrics-listen); Abseil names use underscores. Rewrites the
-// names, then checks every flag and value so that any mistake exits with status 2 (Abseil's
-// parser would exit with 1).
-std::vector<std::string> NormalizeAndCheckFlags(int argc, char** argv) {
-  std::vector<std::string> out = {argv[0]};
-  bool positional = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (positional || arg.size() < 2 || arg[0] != '-') {
-      if (!positional) UsageError(absl::StrCat("unexpected argument: ", arg));
-      out.push_back(arg);
-      continue;
-    }
-    if (arg == "--") {
-      positional = true;
-      out.push_back(arg);
-      continue;
-    }
-    const size_t dashes = arg[1] == '-' ? 2 : 1;
-    const size_t eq = arg.find('=');
-    std::string name =
-        arg.substr(dashes, eq == std::string::npos ? std::string::npos : eq - dashes);
-    for (char& c : name) {
-      if (c == '-') c = '_';
-    }
-    const bool has_value = eq != std::string::npos;
-    std::string value = has_value ? arg.substr(eq + 1) : std::string();
-    out.push_back(absl::StrCat("--", name, has_value ? "=" : "", value));
-    if (IsHelpFlag(name)) continue;
-
-    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-    bool negated = false;
-    if (flag == nullptr && name.rfind("no", 0) == 0) {
-      flag = absl::FindCommandLineFlag(name.substr(2));
-      negated = flag != nullptr;
-    }
-    if (flag == nullptr) UsageError(absl::StrCat("unknown flag --", name));
-    if (flag->IsOfType<bool>()) {
-      if (negated && has_value) UsageError(absl::StrCat("--", name, " takes no value"));
-      if (!has_value) continue;
-    } else if (negated) {
-      UsageError(absl::StrCat("unknown flag --", name));
-    } else if (!has_value) {
-      if (i + 1 >= argc) UsageError(absl::StrCat("--", name, " needs a value"));
-      value = argv[++i];
-      out.push_back(value);
-    }
-    std::string error;
-    if (!flag->ParseFrom(value, &error)) {
-      UsageError(absl::StrCat("bad value for --", name, ": ", error));
-    }
-  }
-  return out;
+  stepwatch::UsageError(kProgram, message);
 }
 
 std::string HostName() {
@@ -151,28 +82,17 @@ absl::Duration SecondsFlag(double seconds, const char* name, double min_seconds)
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::FlagsUsageConfig usage_config;
-  // --help lists the flags defined in this file.
-  usage_config.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "agent/main.cc");
-  };
-  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
-  usage_config.version_string = [] {
-    return std::string("stepwatch-agent " STEPWATCH_VERSION "\n");
-  };
-  absl::SetFlagsUsageConfig(usage_config);
-  absl::SetProgramUsageMessage(
+  stepwatch::FlagsSpec spec;
+  spec.program = kProgram;
+  spec.main_file = "agent/main.cc";
+  spec.version = STEPWATCH_VERSION;
+  spec.usage =
       "stepwatch-agent --collector=HOST:PORT --socket=PATH [--node=NAME] [--interval=SECONDS]\n"
       "    [--buffer=N] [--nvml-library=PATH] [--metrics-listen=HOST:PORT]\n\n"
       "Receives step events (one JSON object per datagram) from training processes on a Unix\n"
       "socket, samples the node's GPUs (NVML) and host, and streams both to the stepwatch\n"
-      "collector. Flag names may be written with dashes or underscores.");
-  std::vector<std::string> args = NormalizeAndCheckFlags(argc, argv);
-  std::vector<char*> arg_ptrs;
-  for (std::string& a : args) arg_ptrs.push_back(a.data());
-  std::vector<char*> rest =
-      absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
-  if (rest.size() > 1) UsageError(absl::StrCat("unexpected argument: ", rest[1]));
+      "collector. Flag names may be written with dashes or underscores.";
+  stepwatch::ParseFlagsOrExit(argc, argv, spec);
 
   // Validate values before starting anything.
   const std::string collector = absl::GetFlag(FLAGS_collector);

@@ -2,8 +2,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <set>
 
+#include "absl/flags/internal/program_name.h"
+#include "absl/flags/internal/usage.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
@@ -66,6 +69,14 @@ std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const FlagsSpec
     }
     const bool has_value = eq != std::string::npos;
     std::string value = has_value ? arg.substr(eq + 1) : std::string();
+    if ((name == "help" || name == "helpshort") && !has_value) {
+      // Abseil exits with status 1 after --help; asking for help is not an error.
+      absl::flags_internal::SetProgramInvocationName(spec.program);
+      absl::flags_internal::FlagsHelp(std::cout, spec.main_file,
+                                      absl::flags_internal::HelpFormat::kHumanReadable, spec.usage);
+      std::cout.flush();
+      std::exit(0);
+    }
     if (IsBuiltinFlag(name)) {
       normalized.push_back(absl::StrCat("--", name, has_value ? "=" : "", value));
       continue;

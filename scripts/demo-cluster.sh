@@ -60,7 +60,8 @@ start=$(date +%s)
 while true; do
   now=$(date +%s)
   if [ "$seconds" != "0" ] && [ $((now - start)) -ge "$seconds" ]; then break; fi
-  screen="$("${ctl[@]}" status 2>&1; echo; "${ctl[@]}" findings 2>&1)"
+  # The collector may still be starting: its error message is the screen until it answers.
+  screen="$("${ctl[@]}" status 2>&1; echo; "${ctl[@]}" findings 2>&1)" || true
   if [ -t 1 ]; then clear; fi
   echo "stepwatch demo ($((now - start)) s) - metrics: http://$metrics/metrics - Ctrl-C to stop"
   echo "$screen"

@@ -6,9 +6,9 @@ socket that a separate process drains:
 1. in this process, DDP with world size 1: the same loop over two identical models, one watched,
    alternating epochs, so that both see the same machine load; the median per-step wall and CPU
    time of each and the difference.
-2. --world ranks of tests/integration/ddp_train.py with and without watch(), alternating runs;
-   the median over runs of rank 0's mean wall time per step (warm-up steps left out). On a busy
-   machine this one is noisy: the spread is printed.
+2. --world ranks of tests/integration/ddp_train.py without watch(), with it, and with
+   watch(time_comm=False), alternating runs; the median over runs of rank 0's mean wall time per
+   step (warm-up steps left out). On a busy machine this one is noisy: the spread is printed.
 
     /usr/bin/python3 bench/client/bench_torch_overhead.py [--world 2] [--steps 400] [--rounds 5]
 """
@@ -42,7 +42,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(world, steps, watched, socket_path):
+def run(world, steps, mode, socket_path):
+    """mode: "without", "with" or "without_comm_hook" (watch(time_comm=False))."""
     port = free_port()
     procs = []
     for rank in range(world):
@@ -50,8 +51,10 @@ def run(world, steps, watched, socket_path):
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), STEPWATCH_SOCKET=socket_path,
                    STEPWATCH_JOB="overhead", OMP_NUM_THREADS="1")
         args = [sys.executable, TRAIN, "--steps=%d" % steps, "--warmup=20"]
-        if not watched:
+        if mode == "without":
             args.append("--no-watch")
+        elif mode == "without_comm_hook":
+            args.append("--no-comm-timing")
         procs.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True))
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     if any(p.returncode != 0 for p in procs):
@@ -128,26 +131,31 @@ def main():
         try:
             assert drain.stdout.readline().strip() == "ready"
             print(json.dumps(in_process(path, args.epochs)), flush=True)
-            plain, watched, sent, dropped = [], [], 0, 0
+            plain, watched, nohook, sent, dropped = [], [], [], 0, 0
             for _ in range(args.rounds):
-                plain.append(run(args.world, args.steps, False, path)["step_s"])
-                result = run(args.world, args.steps, True, path)
+                plain.append(run(args.world, args.steps, "without", path)["step_s"])
+                result = run(args.world, args.steps, "with", path)
                 watched.append(result["step_s"])
                 sent += result["sent"]
                 dropped += result["dropped"]
+                nohook.append(run(args.world, args.steps, "without_comm_hook", path)["step_s"])
         finally:
             drain.terminate()
             drain.wait(timeout=60)
     without_s = statistics.median(plain)
     with_s = statistics.median(watched)
+    nohook_s = statistics.median(nohook)
     print(json.dumps({
         "case": "processes", "world": args.world, "steps": args.steps, "rounds": args.rounds,
         "step_ms_without": round(without_s * 1e3, 4), "step_ms_with": round(with_s * 1e3, 4),
         "overhead_us_per_step": round((with_s - without_s) * 1e6, 1),
         "overhead_percent": round((with_s / without_s - 1) * 100, 2),
+        "step_ms_with_time_comm_false": round(nohook_s * 1e3, 4),
+        "overhead_us_per_step_time_comm_false": round((nohook_s - without_s) * 1e6, 1),
         "rank0_sent": sent, "rank0_dropped": dropped,
         "spread_ms_without": [round(x * 1e3, 3) for x in sorted(plain)],
         "spread_ms_with": [round(x * 1e3, 3) for x in sorted(watched)],
+        "spread_ms_with_time_comm_false": [round(x * 1e3, 3) for x in sorted(nohook)],
     }))
 
 

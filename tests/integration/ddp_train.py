@@ -40,6 +40,8 @@ def main():
     parser.add_argument("--slow-rank", type=int, default=-1, help="rank that sleeps in forward")
     parser.add_argument("--slow-s", type=float, default=0.03, help="seconds the slow rank sleeps")
     parser.add_argument("--no-watch", action="store_true", help="run without stepwatch")
+    parser.add_argument("--no-comm-timing", action="store_true",
+                        help="watch without the communication hook (time_comm=False)")
     parser.add_argument("--warmup", type=int, default=10, help="steps left out of the timing")
     args = parser.parse_args()
 
@@ -54,7 +56,7 @@ def main():
     watch = None
     if not args.no_watch:
         import stepwatch.torch
-        watch = stepwatch.torch.watch(model, loader)
+        watch = stepwatch.torch.watch(model, loader, time_comm=not args.no_comm_timing)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
     step = 0

@@ -204,6 +204,58 @@ class WatchTest(unittest.TestCase):
             self.assertIn("data_s", e)
             self.assertGreater(e["step_s"], e["data_s"])
 
+    def test_cuda_event_timings_wait_until_complete(self):
+        # The CUDA path reads comm_s from CUDA events; fake events stand in for them here.
+        class FakeEvent:
+            def __init__(self, ms, done):
+                self.ms = ms
+                self.done = done
+
+            def query(self):
+                return self.done[0]
+
+            def elapsed_time(self, end):
+                return end.ms - self.ms
+
+        model = DistributedDataParallel(SlowModel())
+        w = self.watch(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x, y = torch.randn(4, 8), torch.randn(4, 2)
+        done = [False]
+        train_step(model, opt, x, y)  # step 0
+        w._comm_events = [(FakeEvent(1.0, done), FakeEvent(8.0, done)),
+                          (FakeEvent(10.0, done), FakeEvent(12.5, done))]
+        train_step(model, opt, x, y)  # step 1 starts; step 0's events are not complete
+        self.assertEqual(self.agent.drain(), [])
+        done[0] = True
+        train_step(model, opt, x, y)  # step 2 starts: steps 0 and 1 go out, in order
+        events = self.agent.drain()
+        self.assertEqual([e["step"] for e in events], [0, 1])
+        self.assertAlmostEqual(events[0]["comm_s"], 0.0095)
+        self.assertAlmostEqual(events[0]["compute_s"], max(0.0, events[0]["step_s"] - 0.0095))
+        self.assertLess(events[1]["comm_s"], 0.0095)  # step 1 was timed on the host clock
+
+    def test_gpu_index_follows_cuda_visible_devices(self):
+        class FakeModel:
+            def __init__(self, device):
+                self.param = torch.nn.Parameter(torch.zeros(1))
+                self.device = torch.device(device)
+
+            def parameters(self):
+                fake = type("P", (), {"device": self.device})
+                return iter([fake])
+
+        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+        self.addCleanup(lambda: os.environ.__setitem__("CUDA_VISIBLE_DEVICES", saved)
+                        if saved is not None else os.environ.pop("CUDA_VISIBLE_DEVICES", None))
+        os.environ["CUDA_VISIBLE_DEVICES"] = "4,5"
+        self.assertEqual(stepwatch.torch._gpu_index(FakeModel("cuda:1")), 5)
+        os.environ["CUDA_VISIBLE_DEVICES"] = "GPU-1234,GPU-5678"
+        self.assertIsNone(stepwatch.torch._gpu_index(FakeModel("cuda:0")))
+        del os.environ["CUDA_VISIBLE_DEVICES"]
+        self.assertEqual(stepwatch.torch._gpu_index(FakeModel("cuda:3")), 3)
+        self.assertIsNone(stepwatch.torch._gpu_index(FakeModel("cpu")))
+
     def test_rank_comes_from_torch_distributed(self):
         model = DistributedDataParallel(SlowModel())
         w = self.watch(model)

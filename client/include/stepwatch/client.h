@@ -348,6 +348,9 @@ inline Reporter::Reporter(ReporterOptions options) noexcept : options_(std::move
     dropped_.store(0);  // the warning is out; nothing was dropped yet
     return;
   }
+  if (options_.flush_interval < std::chrono::milliseconds(1)) {
+    options_.flush_interval = std::chrono::milliseconds(1);  // never spin
+  }
   if (options_.background) {
     try {
       ring_.resize(options_.queue_capacity > 0 ? options_.queue_capacity : 1);
