@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds with warnings as errors and runs every test (unit, integration
-# with real processes, promtool, Prometheus/Alertmanager end to end, PyTorch DDP) under ctest.
-# Usage: scripts/test.sh [BUILD_DIR]   (default build-test)
-# Environment: STEPWATCH_SANITIZE=1 builds with AddressSanitizer + UndefinedBehaviorSanitizer.
+# Installs what is missing, builds with warnings as errors and runs every test under ctest (unit,
+# integration with real processes, promtool, Prometheus/Alertmanager end to end, PyTorch DDP); then
+# builds again with AddressSanitizer + UndefinedBehaviorSanitizer and reruns the tests that exercise
+# C++ code.
+# Usage: scripts/test.sh
+# Environment:
+#   STEPWATCH_SKIP_SANITIZE=1   skip the sanitizer pass (quicker local runs)
+#   STEPWATCH_TEST_JOBS=N       tests run in parallel (default 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build_dir="${1:-build-test}"
+jobs="${STEPWATCH_TEST_JOBS:-2}"
+
 scripts/install-deps.sh all
-extra=(-DSTEPWATCH_WERROR=ON)
-if [ "${STEPWATCH_SANITIZE:-0}" = "1" ]; then
-  extra+=(-DSTEPWATCH_SANITIZE=ON)
+
+echo "=== build (RelWithDebInfo, -Werror) and all tests ==="
+STEPWATCH_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-test -DSTEPWATCH_WERROR=ON
+(cd build-test && ctest --output-on-failure -j "$jobs" --timeout 600)
+
+if [ "${STEPWATCH_SKIP_SANITIZE:-0}" != "1" ]; then
+  echo "=== build with ASan + UBSan; C++ and integration tests ==="
+  STEPWATCH_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-sanitize -DSTEPWATCH_WERROR=ON \
+    -DSTEPWATCH_SANITIZE=ON -DSTEPWATCH_BUILD_BENCHMARKS=OFF
+  # Python-only and static checks gain nothing from sanitizers; they ran above.
+  (cd build-sanitize &&
+    UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$jobs" --timeout 900 \
+      -E '^(python_|deploy_|format_check$|integration_torch_ddp$)')
 fi
-STEPWATCH_BUILD_TYPE="${STEPWATCH_BUILD_TYPE:-RelWithDebInfo}" scripts/build.sh "$build_dir" "${extra[@]}"
-cd "$build_dir"
-ctest --output-on-failure -j "${STEPWATCH_TEST_JOBS:-2}" --timeout 600

@@ -4,10 +4,15 @@
 Measured with time.perf_counter over many events, against a real bound Unix datagram socket that a
 separate process drains (as the agent would). Prints one line per case with the median over
 repetitions of the mean microseconds per event (wall clock, and this thread's CPU time), plus how
-many events were sent and dropped (the drainer cannot always keep up: dropped events cost the same
-system call).
+many events were sent and dropped (the drainer cannot always keep up: a dropped event still costs
+the send() system call, which fails with EAGAIN).
 
-    /usr/bin/python3 bench/client/bench_python_client.py [--events N] [--repeat R]
+By default the benchmark and the drainer are pinned to two different CPUs (when there are two):
+otherwise the scheduler may put them on the same CPU, and the wall clock then also counts the
+drainer's own work, which on a 2-CPU machine roughly doubles the figure from run to run. --no-pin
+leaves placement to the scheduler.
+
+    /usr/bin/python3 bench/client/bench_python_client.py [--events N] [--repeat R] [--no-pin]
 """
 
 import argparse
@@ -25,7 +30,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 import stepwatch  # noqa: E402
 
 _DRAIN = r"""
-import socket, sys
+import os, socket, sys
+if sys.argv[2] != "-":
+    os.sched_setaffinity(0, {int(sys.argv[2])})
 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 s.bind(sys.argv[1])
 print("ready", flush=True)
@@ -54,16 +61,26 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=100000, help="events per repetition")
     parser.add_argument("--repeat", type=int, default=5, help="repetitions (median is reported)")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="do not pin the benchmark and the drainer to different CPUs")
     args = parser.parse_args()
+
+    cpus = sorted(os.sched_getaffinity(0))
+    drain_cpu = "-"
+    if not args.no_pin and len(cpus) >= 2:
+        os.sched_setaffinity(0, {cpus[0]})
+        drain_cpu = str(cpus[1])
 
     with tempfile.TemporaryDirectory(prefix="sw-pybench-") as tmp:
         path = os.path.join(tmp, "agent.sock")
-        drain = subprocess.Popen([sys.executable, "-c", _DRAIN, path], stdout=subprocess.PIPE,
-                                 text=True)
+        drain = subprocess.Popen([sys.executable, "-c", _DRAIN, path, drain_cpu],
+                                 stdout=subprocess.PIPE, text=True)
         try:
             assert drain.stdout.readline().strip() == "ready"
-            rep = stepwatch.Reporter(job="bench-job", rank=3, world_size=8, local_rank=3, gpu=3,
-                                     socket_path=path, env={})
+            identity = dict(job="bench-job", rank=3, world_size=8, local_rank=3, gpu=3,
+                            socket_path=path, env={})
+            rep = stepwatch.Reporter(**identity)
+            rep._log.disabled = True  # the one "agent busy" warning would interleave the output
 
             def send(n):
                 for i in range(n):
@@ -79,18 +96,32 @@ def main():
                         with rep.phase("comm"):
                             pass
 
+            module_rep = stepwatch.configure(**identity)
+
+            def module_scopes(n):
+                for _ in range(n):
+                    with stepwatch.step(samples=256):
+                        with stepwatch.phase("data"):
+                            pass
+                        with stepwatch.phase("compute"):
+                            pass
+                        with stepwatch.phase("comm"):
+                            pass
+
             results = []
-            for name, fn in (("send", send), ("step_with_3_phases", scopes)):
-                rep.sent = rep.dropped = 0
+            for name, fn, reporter in (("send", send, rep),
+                                       ("step_with_3_phases", scopes, rep),
+                                       ("module_step_with_3_phases", module_scopes, module_rep)):
+                reporter.sent = reporter.dropped = 0
                 us, cpu_us = bench(fn, args.events, args.repeat)
                 results.append({"case": name, "us_per_event": round(us, 3),
-                                "cpu_us_per_event": round(cpu_us, 3), "sent": rep.sent,
-                                "dropped": rep.dropped})
+                                "cpu_us_per_event": round(cpu_us, 3), "sent": reporter.sent,
+                                "dropped": reporter.dropped})
             rep.close()
+            module_rep.close()
 
             absent = stepwatch.Reporter(job="bench-job", rank=0, world_size=1,
                                         socket_path=os.path.join(tmp, "absent.sock"), env={})
-            absent._log.disabled = True
 
             def send_absent(n):
                 for i in range(n):
@@ -100,10 +131,14 @@ def main():
             results.append({"case": "send_agent_absent", "us_per_event": round(us, 3),
                             "cpu_us_per_event": round(cpu_us, 3), "sent": absent.sent,
                             "dropped": absent.dropped})
-            absent._log.disabled = False
+            rep._log.disabled = False
         finally:
             drain.terminate()
             drain.wait(timeout=30)
+    placement = ("benchmark on CPU %d, drainer on CPU %s" % (cpus[0], drain_cpu)
+                 if drain_cpu != "-" else "placement left to the scheduler")
+    print(json.dumps({"python": sys.version.split()[0], "cpus": len(cpus),
+                      "placement": placement, "load_average": os.getloadavg()[0]}))
     for r in results:
         print(json.dumps(r))
 

@@ -1,9 +1,15 @@
 """Reporter: sends one JSON step event per datagram to the stepwatch agent.
 
-The send path is built for the inside of a training loop: the constant part of the JSON object is
-formatted once, the socket is non-blocking, and every failure (agent not running, its queue full,
-anything else) drops the event, counts it and logs a single warning. Nothing here raises into the
-caller once the Reporter exists.
+The send path is built for the inside of a training loop (a few microseconds per event, most of
+it the kernel's send()): the constant part of the JSON object is formatted once, a full event is
+one %-format operation, the socket stays connected and non-blocking, and every failure (agent not
+running, its queue full, anything else) drops the event, counts it and logs a single warning.
+Nothing here raises into the caller once the Reporter exists.
+
+Durations measured by step()/phase() are kept as integer nanoseconds (time.perf_counter_ns) and
+written as JSON numbers with an exponent, `"compute_s":81234567e-9`: exact, and about three times
+cheaper to format than repr() of a float. Durations given to send() are floats and are written with
+repr(), which round-trips exactly.
 """
 
 import errno
@@ -23,8 +29,11 @@ PHASES = ("data", "compute", "comm")
 _RECONNECT_ERRNOS = frozenset(
     (errno.ECONNREFUSED, errno.ENOTCONN, errno.ENOENT, errno.EDESTADDRREQ, errno.EBADF)
 )
+_BUSY = "the stepwatch agent is busy (its socket queue is full)"
 _INF = float("inf")
-_perf_counter = time.perf_counter
+# The clocks, looked up as module globals on every use so that tests can replace them.
+_perf_counter = time.perf_counter  # reconnect pacing
+_perf_counter_ns = time.perf_counter_ns  # step and phase durations
 
 
 class Reporter:
@@ -35,8 +44,13 @@ class Reporter:
     While the agent is unreachable, a connection is retried at most every `reconnect_interval`
     seconds; events in between are dropped without a system call.
 
-    Thread safety: send() may be called from several threads (sent/dropped are then approximate);
-    step()/phase() scopes track one step at a time and belong to the training loop's thread.
+    Thread safety: send() may be called from several threads without a lock on its path. It reads
+    the socket into a local once; the only shared mutations are `sent`/`dropped` (approximate
+    under concurrent sends: `+=` is not atomic across threads) and `last_error`. A concurrent
+    close() or reconnect makes a send on the old socket fail with EBADF, which drops that one event
+    (socket.send never touches freed memory). Connecting and closing take a lock so that only one
+    socket is ever live. step()/phase() scopes track one step at a time and belong to the training
+    loop's thread.
     """
 
     def __init__(
@@ -78,6 +92,22 @@ class Reporter:
             if value is not None:
                 prefix += ',"%s":%d' % (name, value)
         self._prefix = prefix
+        # Whole-event formats for the common case of every field present. They are bytes
+        # (json.dumps escapes non-ASCII, so the prefix is ASCII) because formatting bytes is
+        # cheaper than formatting a str and encoding it; '%' in the job id is escaped.
+        escaped = prefix.replace("%", "%%").encode("ascii")
+        self._fmt_full = (
+            escaped + b',"step":%d,"step_s":%r,"data_s":%r,"compute_s":%r,"comm_s":%r,"samples":%d}'
+        )
+        self._fmt_ns_full = (
+            escaped + b',"step":%d,"step_s":%de-9,"data_s":%de-9,"compute_s":%de-9,"comm_s":%de-9'
+            b',"samples":%d}'
+        )
+        self._fmt_ns_phases = (
+            escaped + b',"step":%d,"step_s":%de-9,"data_s":%de-9,"compute_s":%de-9,"comm_s":%de-9}'
+        )
+        self._fmt_head = escaped + b',"step":%d,"step_s":%r'
+        self._fmt_ns_head = escaped + b',"step":%d,"step_s":%de-9'
         self._log = logger or _LOG
         self._lock = threading.Lock()
         self._sock = None
@@ -88,13 +118,11 @@ class Reporter:
         self.sent = 0
         self.dropped = 0
         self.last_error = None
-        # Step/phase scope state (training-loop thread only).
-        self._next_step = 0
-        self._current = None
-        self._pending = [0.0, 0.0, 0.0]
-        self._pending_start = None
-        self._pending_phase = None
+        # Step/phase scopes: reused, so that entering one allocates nothing.
+        self._step_scope = _StepScope(self)
+        self._phase_scopes = dict(zip(PHASES, self._step_scope.phases))
         self._phase_warned = False
+        self._nest_warned = False
 
     # ------------------------------------------------------------------ sending
 
@@ -112,44 +140,110 @@ class Reporter:
                     return False
                 return self._drop(self.last_error)
         try:
-            if not 0.0 < step_s < _INF or step < 0:
-                return self._drop("invalid step event (step=%r, step_s=%r)" % (step, step_s))
-            msg = '%s,"step":%d,"step_s":%r' % (self._prefix, step, float(step_s))
-            if data_s is not None:
-                if not 0.0 <= data_s < _INF:
-                    return self._drop("invalid data_s %r" % (data_s,))
-                msg += ',"data_s":%r' % float(data_s)
-            if compute_s is not None:
-                if not 0.0 <= compute_s < _INF:
-                    return self._drop("invalid compute_s %r" % (compute_s,))
-                msg += ',"compute_s":%r' % float(compute_s)
-            if comm_s is not None:
-                if not 0.0 <= comm_s < _INF:
-                    return self._drop("invalid comm_s %r" % (comm_s,))
-                msg += ',"comm_s":%r' % float(comm_s)
-            if samples is not None:
-                if samples < 0:
-                    return self._drop("invalid samples %r" % (samples,))
-                msg += ',"samples":%d' % samples
-            data = (msg + "}").encode()
+            if (
+                data_s is not None
+                and compute_s is not None
+                and comm_s is not None
+                and samples is not None
+            ):
+                # Every field present (stepwatch.torch, most loops): one format operation.
+                if not (
+                    0.0 < step_s < _INF
+                    and 0.0 <= data_s < _INF
+                    and 0.0 <= compute_s < _INF
+                    and 0.0 <= comm_s < _INF
+                    and step >= 0
+                    and samples >= 0
+                ):
+                    return self._drop(_invalid_reason(step, step_s, data_s, compute_s, comm_s,
+                                                      samples))
+                data = self._fmt_full % (
+                    step, float(step_s), float(data_s), float(compute_s), float(comm_s), samples
+                )
+            else:
+                if not 0.0 < step_s < _INF or step < 0:
+                    return self._drop("invalid step event (step=%r, step_s=%r)" % (step, step_s))
+                data = self._fmt_head % (step, float(step_s))
+                if data_s is not None:
+                    if not 0.0 <= data_s < _INF:
+                        return self._drop("invalid data_s %r" % (data_s,))
+                    data += b',"data_s":%r' % float(data_s)
+                if compute_s is not None:
+                    if not 0.0 <= compute_s < _INF:
+                        return self._drop("invalid compute_s %r" % (compute_s,))
+                    data += b',"compute_s":%r' % float(compute_s)
+                if comm_s is not None:
+                    if not 0.0 <= comm_s < _INF:
+                        return self._drop("invalid comm_s %r" % (comm_s,))
+                    data += b',"comm_s":%r' % float(comm_s)
+                if samples is not None:
+                    if samples < 0:
+                        return self._drop("invalid samples %r" % (samples,))
+                    data += b',"samples":%d' % samples
+                data += b"}"
         except Exception as exc:  # a wrong type from the caller: never raise into the loop
             return self._drop("cannot format step event: %r" % (exc,))
 
         try:
             sock.send(data)
-        except OSError as exc:
-            if exc.errno in _RECONNECT_ERRNOS:
-                self._disconnect(sock)
-            elif self._warned:
-                # Agent busy (EAGAIN): the hot drop path formats nothing.
-                self.dropped += 1
-                self.last_error = exc
-                return False
-            return self._drop("send to %s failed: %s" % (self.identity.socket_path, exc))
+        except BlockingIOError:
+            return self._busy()
         except Exception as exc:
-            return self._drop("send to %s failed: %r" % (self.identity.socket_path, exc))
+            return self._send_failed(sock, exc)
         self.sent += 1
         return True
+
+    def _send_ns(self, step, step_ns, data_ns, compute_ns, comm_ns, samples):
+        """send() for the step scope: durations in integer nanoseconds, 0 meaning absent."""
+        sock = self._sock
+        if sock is None:
+            sock = self._connect()
+            if sock is None:
+                if self._warned:
+                    self.dropped += 1
+                    return False
+                return self._drop(self.last_error)
+        try:
+            if step_ns <= 0 or step < 0:
+                return self._drop("invalid step event (step=%r, step_s=%re-9)" % (step, step_ns))
+            data = self._fmt_ns_head % (step, step_ns)
+            if data_ns:
+                data += b',"data_s":%de-9' % data_ns
+            if compute_ns:
+                data += b',"compute_s":%de-9' % compute_ns
+            if comm_ns:
+                data += b',"comm_s":%de-9' % comm_ns
+            if samples is not None:
+                if samples < 0:
+                    return self._drop("invalid samples %r" % (samples,))
+                data += b',"samples":%d' % samples
+            data += b"}"
+        except Exception as exc:
+            return self._drop("cannot format step event: %r" % (exc,))
+        try:
+            sock.send(data)
+        except BlockingIOError:
+            return self._busy()
+        except Exception as exc:
+            return self._send_failed(sock, exc)
+        self.sent += 1
+        return True
+
+    def _busy(self):
+        # Agent busy (EAGAIN). Once warned, the drop formats nothing and keeps no exception (a
+        # kept exception would hold its traceback, a reference cycle through this frame).
+        if self._warned:
+            self.dropped += 1
+            self.last_error = _BUSY
+            return False
+        return self._drop("send to %s failed: %s" % (self.identity.socket_path, _BUSY))
+
+    def _send_failed(self, sock, exc):
+        if isinstance(exc, OSError):
+            if exc.errno in _RECONNECT_ERRNOS:
+                self._disconnect(sock)
+            return self._drop("send to %s failed: %s" % (self.identity.socket_path, exc))
+        return self._drop("send to %s failed: %r" % (self.identity.socket_path, exc))
 
     def _connect(self):
         """Connects a fresh non-blocking socket; None (last_error set) when the agent is absent."""
@@ -224,9 +318,18 @@ class Reporter:
         """Context manager timing one step; the event is sent when the block exits normally.
 
         `step` defaults to a counter starting at 0 (the previous step + 1). Phases entered inside
-        the block are reported as data_s/compute_s/comm_s.
+        the block are reported as data_s/compute_s/comm_s. Steps do not nest: a step() inside a
+        step is ignored (with one warning) and its phases count toward the outer step.
         """
-        return _StepScope(self, samples, step)
+        scope = self._step_scope
+        if scope._active:
+            if not self._nest_warned:
+                self._nest_warned = True
+                self._log.warning("stepwatch: step() inside a step ignored: steps do not nest")
+            return _NULL_SCOPE
+        scope.samples = samples
+        scope.step = step
+        return scope
 
     def phase(self, name):
         """Context manager timing a phase ("data", "compute" or "comm") of the current step.
@@ -236,103 +339,155 @@ class Reporter:
         that phase started.
         """
         try:
-            index = PHASES.index(name)
-        except ValueError:
+            return self._phase_scopes[name]
+        except (KeyError, TypeError):
             if not self._phase_warned:
                 self._phase_warned = True
                 self._log.warning(
                     "stepwatch: unknown phase %r ignored (expected one of %s)", name, PHASES
                 )
             return _NULL_SCOPE
-        return _PhaseScope(self, index)
 
 
 class _StepScope:
-    __slots__ = ("_rep", "samples", "step", "_start", "times", "_active_phase")
+    """The step() context of one Reporter, reused for every step, and the state of its timeline.
 
-    def __init__(self, rep, samples, step):
+    Times are integer nanoseconds. `cur` is the innermost open phase (None outside phases);
+    `pending` is when the first phase entered outside a step began (the next step starts then),
+    `waiting` whether such a phase would be the first.
+    """
+
+    __slots__ = (
+        "_rep", "samples", "step", "_active", "_start", "_next", "phases", "cur", "waiting",
+        "pending",
+    )
+
+    def __init__(self, rep):
         self._rep = rep
-        self.samples = samples
-        self.step = step
-        self.times = None
-        self._active_phase = None
+        self.samples = None
+        self.step = None
+        self._active = False
+        self._start = 0
+        self._next = 0
+        self.phases = tuple(_PhaseScope(self) for _ in PHASES)
+        self.cur = None
+        self.waiting = True
+        self.pending = None
 
     def __enter__(self):
-        rep = self._rep
-        now = _perf_counter()
-        if rep._pending_start is not None:
-            self._start = rep._pending_start
-            self.times = rep._pending
-            rep._pending = [0.0, 0.0, 0.0]
-            rep._pending_start = None
-        else:
+        now = _perf_counter_ns()
+        self._active = True
+        self.waiting = False
+        pending = self.pending
+        if pending is None:
             self._start = now
-            self.times = [0.0, 0.0, 0.0]
-        if self.step is None:
-            self.step = rep._next_step
-        rep._current = self
+        else:
+            self._start = pending
+            self.pending = None
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        end = _perf_counter()
-        rep = self._rep
-        rep._current = None
+        end = _perf_counter_ns()
+        self._active = False
+        cur = self.cur
+        if cur is None:
+            self.waiting = True
+        else:
+            # A phase that encloses the step: its time so far is this step's, the rest the next's.
+            cur.acc += end - cur.t0
+            cur.t0 = self.pending = end
+        data, compute, comm = self.phases
+        data_ns, compute_ns, comm_ns = data.acc, compute.acc, comm.acc
+        data.acc = compute.acc = comm.acc = 0
         if exc_type is not None:
+            return False  # a failed step is not reported; the exception propagates
+        step = self.step
+        if step is None:
+            step = self._next
+        samples = self.samples
+        rep = self._rep
+        step_ns = end - self._start
+        sock = rep._sock
+        try:
+            self._next = step + 1
+            # An event with all three phases is formatted and sent right here (a call fewer than
+            # _send_ns). step_s > 0 holds: a step contains its phases, and data_ns > 0.
+            fast = sock is not None and data_ns and compute_ns and comm_ns and step >= 0
+            if fast:
+                if samples is None:
+                    data = rep._fmt_ns_phases % (step, step_ns, data_ns, compute_ns, comm_ns)
+                elif samples >= 0:
+                    data = rep._fmt_ns_full % (
+                        step, step_ns, data_ns, compute_ns, comm_ns, samples
+                    )
+                else:
+                    fast = False
+        except Exception:
+            fast = False  # a step number or sample count that is not a number
+        if not fast:
+            # Fewer phases, or an invalid value (_send_ns drops it and warns once).
+            rep._send_ns(step, step_ns, data_ns, compute_ns, comm_ns, samples)
             return False
-        rep._next_step = self.step + 1
-        times = self.times
-        rep.send(
-            self.step,
-            end - self._start,
-            times[0] if times[0] > 0.0 else None,
-            times[1] if times[1] > 0.0 else None,
-            times[2] if times[2] > 0.0 else None,
-            self.samples,
-        )
+        try:
+            sock.send(data)
+        except BlockingIOError:
+            rep._busy()
+            return False
+        except Exception as exc:
+            rep._send_failed(sock, exc)
+            return False
+        rep.sent += 1
         return False
 
 
 class _PhaseScope:
-    __slots__ = ("_rep", "_index", "_start", "_parent", "_owner", "_times")
+    """The phase() context of one phase name of one Reporter, reused: entering allocates nothing.
 
-    def __init__(self, rep, index):
-        self._rep = rep
-        self._index = index
+    `acc` is the phase's time in the current step so far, `t0` when it was entered or last
+    resumed, `outer` the phase it interrupted (None: none). Entering a phase that is already open
+    further out (compute > comm > compute) keeps its previous `outer` in `saved`.
+    """
+
+    __slots__ = ("_st", "acc", "t0", "outer", "saved")
+
+    def __init__(self, step_scope):
+        self._st = step_scope
+        self.acc = 0
+        self.t0 = 0
+        self.outer = None
+        self.saved = []
 
     def __enter__(self):
-        rep = self._rep
-        now = _perf_counter()
-        owner = rep._current
-        if owner is None:
-            # Outside a step: the time belongs to the next step.
-            if rep._pending_start is None:
-                rep._pending_start = now
-            times = rep._pending
-            parent = rep._pending_phase
-            rep._pending_phase = self
-        else:
-            times = owner.times
-            parent = owner._active_phase
-            owner._active_phase = self
-        if parent is not None:
-            # Pause the outer phase.
-            parent._times[parent._index] += now - parent._start
-        self._parent = parent
-        self._owner = owner
-        self._times = times
-        self._start = now
+        now = _perf_counter_ns()
+        st = self._st
+        outer = st.cur
+        if outer is not None:
+            outer.acc += now - outer.t0  # pause the enclosing phase
+            scope = outer
+            for _ in PHASES:  # three hops reach every open phase (re-entry can close a cycle)
+                if scope is self:
+                    self.saved.append(self.outer)
+                    break
+                scope = scope.outer
+                if scope is None:
+                    break
+        self.outer = outer
+        st.cur = self
+        self.t0 = now
+        if st.waiting:  # the first phase outside a step: the next step starts here
+            st.pending = now
+            st.waiting = False
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        now = _perf_counter()
-        self._times[self._index] += now - self._start
-        parent = self._parent
-        if parent is not None:
-            parent._start = now  # resume the outer phase
-        if self._owner is not None:
-            self._owner._active_phase = parent
-        else:
-            self._rep._pending_phase = parent
+        now = _perf_counter_ns()
+        self.acc += now - self.t0
+        outer = self.outer
+        self._st.cur = outer
+        if outer is not None:
+            outer.t0 = now  # resume the enclosing phase
+            if self.saved:
+                self.outer = self.saved.pop()
         return False
 
 
@@ -347,3 +502,13 @@ class _NullScope:
 
 
 _NULL_SCOPE = _NullScope()
+
+
+def _invalid_reason(step, step_s, data_s, compute_s, comm_s, samples):
+    """Why send() refused a full event (only computed on that rare path)."""
+    if not 0.0 < step_s < _INF or step < 0:
+        return "invalid step event (step=%r, step_s=%r)" % (step, step_s)
+    for name, value in (("data_s", data_s), ("compute_s", compute_s), ("comm_s", comm_s)):
+        if not 0.0 <= value < _INF:
+            return "invalid %s %r" % (name, value)
+    return "invalid samples %r" % (samples,)

@@ -75,13 +75,20 @@ def wait_until(predicate, timeout=5.0, interval=0.01):
 
 
 class FakeClock:
-    """Replaces time.perf_counter in a module; advance() moves it."""
+    """Replaces time.perf_counter / time.perf_counter_ns in a module; advance() moves it.
+
+    Time is kept in integer nanoseconds, as perf_counter_ns counts it; calling the clock gives
+    seconds like perf_counter, ns() gives nanoseconds.
+    """
 
     def __init__(self, start=100.0):
-        self.now = start
+        self.now_ns = round(start * 1e9)
 
     def __call__(self):
-        return self.now
+        return self.now_ns / 1e9
+
+    def ns(self):
+        return self.now_ns
 
     def advance(self, seconds):
-        self.now += seconds
+        self.now_ns += round(seconds * 1e9)

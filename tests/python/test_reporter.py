@@ -117,9 +117,9 @@ class ScopeTest(unittest.TestCase):
         self.agent = FakeAgent()
         self.addCleanup(self.agent.close)
         self.clock = FakeClock()
-        self.saved = reporter_module._perf_counter
-        reporter_module._perf_counter = self.clock
-        self.addCleanup(setattr, reporter_module, "_perf_counter", self.saved)
+        self.saved = reporter_module._perf_counter_ns
+        reporter_module._perf_counter_ns = self.clock.ns
+        self.addCleanup(setattr, reporter_module, "_perf_counter_ns", self.saved)
         self.rep = make_reporter(self, self.agent)
 
     def test_step_and_nested_phases(self):
@@ -201,6 +201,90 @@ class ScopeTest(unittest.TestCase):
         event = self.agent.recv()
         self.assertAlmostEqual(event["step_s"], 0.2)
         self.assertNotIn("compute_s", event)
+
+    def test_a_phase_entered_again_inside_itself_counts_once(self):
+        rep, clock = self.rep, self.clock
+        with rep.step():
+            with rep.phase("compute"):
+                clock.advance(1.0)
+                with rep.phase("comm"):
+                    clock.advance(2.0)
+                    with rep.phase("compute"):  # a library timing its own compute
+                        clock.advance(4.0)
+                        with rep.phase("data"):
+                            clock.advance(8.0)
+                        with rep.phase("compute"):
+                            clock.advance(16.0)
+                        clock.advance(32.0)
+                    clock.advance(64.0)
+                clock.advance(128.0)
+            with rep.phase("comm"):
+                clock.advance(256.0)
+        event = self.agent.recv()
+        self.assertAlmostEqual(event["compute_s"], 1 + 4 + 16 + 32 + 128)
+        self.assertAlmostEqual(event["comm_s"], 2 + 64 + 256)
+        self.assertAlmostEqual(event["data_s"], 8)
+        self.assertAlmostEqual(event["step_s"], 511)
+        # Nothing is left open: the next step starts clean.
+        with rep.step():
+            with rep.phase("data"):
+                clock.advance(0.5)
+        event = self.agent.recv()
+        self.assertEqual((event["data_s"], event["step_s"]), (0.5, 0.5))
+        self.assertNotIn("compute_s", event)
+
+    def test_a_phase_around_steps_splits_at_step_boundaries(self):
+        rep, clock = self.rep, self.clock
+        with rep.phase("compute"):
+            clock.advance(1.0)
+            with rep.step():
+                clock.advance(2.0)
+            clock.advance(4.0)
+            with rep.step():
+                clock.advance(8.0)
+        first, second = self.agent.drain()
+        self.assertEqual((first["compute_s"], first["step_s"]), (3.0, 3.0))
+        self.assertEqual((second["compute_s"], second["step_s"]), (12.0, 12.0))
+
+    def test_a_step_inside_a_step_is_ignored_with_one_warning(self):
+        rep, clock = self.rep, self.clock
+        with self.assertLogs("stepwatch", logging.WARNING) as logs:
+            with rep.step(samples=4):
+                with rep.step(samples=99):
+                    with rep.phase("compute"):
+                        clock.advance(1.0)
+                with rep.step():
+                    clock.advance(1.0)
+        self.assertEqual(len(logs.records), 1)
+        event = self.agent.recv()
+        self.assertEqual((event["step"], event["samples"], event["compute_s"], event["step_s"]),
+                         (0, 4, 1.0, 2.0))
+        self.assertIsNone(self.agent.recv(0.05))
+
+    def test_samples_can_be_set_inside_the_step(self):
+        with self.rep.step() as step:
+            self.clock.advance(0.1)
+            step.samples = 12
+        self.assertEqual(self.agent.recv()["samples"], 12)
+
+    def test_unhashable_phase_name_is_ignored(self):
+        with self.assertLogs("stepwatch", logging.WARNING):
+            with self.rep.step():
+                with self.rep.phase(["compute"]):
+                    self.clock.advance(0.1)
+        self.assertNotIn("compute_s", self.agent.recv())
+
+    def test_busy_agent_keeps_no_exception(self):
+        rep = self.rep
+        with self.assertLogs("stepwatch", logging.WARNING):
+            for i in range(5000):
+                with rep.step():
+                    self.clock.advance(0.001)
+        self.assertGreater(rep.dropped, 0)
+        # A kept exception would hold a traceback and, through it, a reference cycle per drop.
+        self.assertIsInstance(rep.last_error, str)
+        self.assertIn("busy", rep.last_error)
+        self.assertEqual(len(self.agent.drain()), rep.sent)
 
 
 class ModuleApiTest(unittest.TestCase):
