@@ -431,10 +431,14 @@ class _StepScope:
         try:
             sock.send(data)
         except BlockingIOError:
-            rep._busy()
+            if rep._warned:  # agent busy, already warned: count it, no call, no formatting
+                rep.dropped += 1
+                rep.last_error = _BUSY
+            else:
+                rep._busy()
             return False
-        except Exception as exc:
-            rep._send_failed(sock, exc)
+        except Exception as err:
+            rep._send_failed(sock, err)
             return False
         rep.sent += 1
         return False
