@@ -197,6 +197,9 @@ std::vector<MetricFamily> AgentCollectable::Collect() const {
             s.connect_attempts_total);
     counter("gpu_sample_errors_total", "Failed GPU readings.", s.gpu_sample_errors_total);
     counter("host_sample_errors_total", "Failed host readings.", s.host_sample_errors_total);
+    counter("rank_exits_total",
+            "Ranks reported to the collector as exited (their sender process was gone).",
+            s.rank_exits_total);
     gauge("buffer_batches", "Report batches held until the collector acknowledges them.",
           static_cast<double>(s.buffered_batches));
     gauge("buffer_bytes", "Serialized size of the batches held.",

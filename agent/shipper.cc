@@ -41,7 +41,8 @@ Shipper::Shipper(const ShipperOptions& options, gpu::GpuSource* gpus, host::Host
       boot_id_(options.boot_id.empty() ? MakeBootId() : options.boot_id),
       gpus_(gpus),
       host_(host),
-      clock_(options.clock ? options.clock : &system_clock_) {
+      clock_(options.clock ? options.clock : &system_clock_),
+      exits_(options.rank_exits) {
   latest_.node = options_.node_info;
 }
 
@@ -79,6 +80,9 @@ absl::Status Shipper::Start() {
 }
 
 void Shipper::AddStep(v1::StepEvent&& event) {
+  exits_.Observe(
+      event.job(), event.rank(), event.pid(),
+      event.received_unix_nanos() != 0 ? event.received_unix_nanos() : clock_->NowUnixNanos());
   std::lock_guard<std::mutex> lock(mu_);
   if (pending_.size() >= options_.max_pending_events) {
     ++stats_.events_dropped_total;
@@ -183,10 +187,16 @@ void Shipper::CutBatches(bool with_samples) {
     latest_.host = host;
   }
 
+  // Check the senders before taking the pending steps: every step a process sent before it exited
+  // is then in this batch or an earlier one, ahead of its exit.
+  std::vector<v1::RankExit> exits;
+  if (with_samples) exits = exits_.Check(now);
+
   std::vector<v1::StepEvent> steps;
   {
     std::lock_guard<std::mutex> lock(mu_);
     steps.swap(pending_);
+    stats_.rank_exits_total += exits.size();
     stats_.gpu_sample_errors_total += gpu_errors;
     stats_.host_sample_errors_total += host_errors;
   }
@@ -208,6 +218,8 @@ void Shipper::CutBatches(bool with_samples) {
     for (; next_step < end; ++next_step) *batch->add_steps() = std::move(steps[next_step]);
     batches.push_back(std::move(batch));
   } while (next_step < steps.size());
+  // The exits ride in the last batch, after every step of this cut.
+  for (auto& x : exits) *batches.back()->add_rank_exits() = std::move(x);
 
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "agent/backoff.h"
+#include "agent/rank_exit_tracker.h"
 #include "common/clock.h"
 #include "gpu/gpu_source.h"
 #include "host/host_sampler.h"
@@ -59,6 +60,9 @@ struct ShipperOptions {
   // HTTP/2 keepalive pings while a stream is open (never without one: servers refuse that).
   absl::Duration keepalive_time = absl::Seconds(30);
   absl::Duration keepalive_timeout = absl::Seconds(10);
+  // Sender processes of step events are checked every interval; the (job, rank) entries whose
+  // process exited go out once in ReportBatch.rank_exits (a finished job, not a stalled one).
+  RankExitTrackerOptions rank_exits;
   // nullptr means the system clock.
   const Clock* clock = nullptr;
 };
@@ -82,6 +86,8 @@ struct ShipperStats {
   uint64_t connects_total = 0;
   uint64_t gpu_sample_errors_total = 0;
   uint64_t host_sample_errors_total = 0;
+  // (job, rank) entries reported exited (their sender process was gone).
+  uint64_t rank_exits_total = 0;
   uint64_t last_seq = 0;
   uint64_t acked_seq = 0;
 };
@@ -111,7 +117,8 @@ class Shipper {
   // Starts the ticker and the stream threads.
   absl::Status Start();
 
-  // Queues a step event for the next batch. Thread-safe, never blocks on the network.
+  // Queues a step event for the next batch and remembers its sender pid (for rank exits).
+  // Thread-safe, never blocks on the network.
   void AddStep(v1::StepEvent&& event);
 
   // Cuts a batch now, outside the interval schedule (tests and shutdown).
@@ -150,6 +157,7 @@ class Shipper {
   host::HostSampler* const host_;
   const SystemClock system_clock_;
   const Clock* const clock_;
+  RankExitTracker exits_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Ingest::Stub> stub_;
 

@@ -141,6 +141,9 @@ struct RankState {
   int64_t flagged_since_step = 0;
   int64_t flagged_since_nanos = 0;
   int64_t flagged_steps = 0;
+  // The agent saw the process that sent this rank's last step exit.
+  bool exited = false;
+  int64_t exited_nanos = 0;
 };
 
 // Ranks of one job, allocated when they first report: a sample that claims a huge world size costs
@@ -187,6 +190,7 @@ struct JobState {
   int world_size = 0;
   RankTable ranks;
   int present_ranks = 0;
+  int exited_ranks = 0;  // present ranks whose process exited
   std::map<int64_t, Pending> pending;
   int64_t last_completed = -1;
   int64_t max_step = -1;
@@ -308,6 +312,11 @@ class Engine::Impl {
       ResetJob(job, s.world_size);
     }
     RankState& rank = job.ranks.Mutable(s.rank);
+    if (rank.exited) {
+      // A new step: the rank runs again (a restarted process).
+      rank.exited = false;
+      --job.exited_ranks;
+    }
     if (!rank.present) {
       rank.present = true;
       rank.history = Ring<StepVals>(opt_.window_steps);
@@ -455,6 +464,32 @@ class Engine::Impl {
     return out;
   }
 
+  std::optional<FinishedJob> MarkRankExited(absl::string_view name, int rank, int pid,
+                                            int64_t nanos) {
+    auto it = jobs_.find(std::string(name));
+    if (it == jobs_.end()) return std::nullopt;
+    JobState& job = *it->second;
+    if (rank < 0 || rank >= job.world_size) return std::nullopt;
+    if (!job.ranks[rank].present) return std::nullopt;
+    RankState& r = job.ranks.Mutable(rank);
+    // The rank's last step came from another process (restarted): that one still runs.
+    if (pid != 0 && r.pid != 0 && pid != r.pid) return std::nullopt;
+    if (!r.exited) {
+      r.exited = true;
+      r.exited_nanos = nanos;
+      ++job.exited_ranks;
+    }
+    if (job.exited_ranks < job.present_ranks) return std::nullopt;
+    // Every rank that reported has exited: the job finished rather than stalled. It is removed at
+    // once, so no stall or underutilization finding outlives it (a hang keeps its processes).
+    FinishedJob done;
+    done.job = job.name;
+    done.ranks = job.present_ranks;
+    done.last_step = job.max_step;
+    RemoveJob(name);
+    return done;
+  }
+
   void RemoveJob(absl::string_view name) {
     auto it = jobs_.find(std::string(name));
     if (it == jobs_.end()) return;
@@ -486,6 +521,7 @@ class Engine::Impl {
       if (jit == jobs_.end()) continue;
       JobState& job = *jit->second;
       if (!job.ranks[rank].present) continue;
+      if (job.ranks[rank].exited) --job.exited_ranks;
       job.ranks.Erase(rank);
       --job.present_ranks;
     }
@@ -1225,9 +1261,10 @@ class Engine::Impl {
       f.since_step = job.max_step;
       f.since_unix_nanos = job.stalled_since_nanos;
       f.severity = Severity::kCritical;
-      std::vector<int> silent, waiting;
+      std::vector<int> silent, waiting, exited;
       for (int i = 0; i < job.world_size; ++i) {
         const RankState& r = job.ranks[i];
+        if (r.exited) exited.push_back(i);
         if (!r.present || r.last_step < job.max_step) {
           silent.push_back(i);
         } else {
@@ -1247,6 +1284,11 @@ class Engine::Impl {
       } else {
         absl::StrAppend(&f.summary, "; silent ranks (behind): ", list(silent));
         if (!waiting.empty()) absl::StrAppend(&f.summary, "; waiting ranks: ", list(waiting));
+      }
+      // Some processes ended while the others hang: the first to go likely crashed.
+      if (!exited.empty()) {
+        absl::StrAppend(&f.summary, exited.size() == 1 ? "; rank " : "; ranks ", list(exited),
+                        " exited (process gone)");
       }
       out->push_back(std::move(f));
     }
@@ -1330,6 +1372,10 @@ std::optional<JobSnapshot> Engine::Job(absl::string_view job) const { return imp
 std::vector<RankSnapshot> Engine::Ranks(absl::string_view job) const { return impl_->Ranks(job); }
 std::vector<Finding> Engine::Findings() const { return impl_->Findings(); }
 void Engine::RemoveJob(absl::string_view job) { impl_->RemoveJob(job); }
+std::optional<FinishedJob> Engine::MarkRankExited(absl::string_view job, int rank, int pid,
+                                                  int64_t unix_nanos) {
+  return impl_->MarkRankExited(job, rank, pid, unix_nanos);
+}
 void Engine::RemoveNode(absl::string_view node) { impl_->RemoveNode(node); }
 std::string Engine::SerializeScalingHistory() const { return impl_->SerializeScalingHistory(); }
 absl::Status Engine::LoadScalingHistory(absl::string_view data) {

@@ -147,6 +147,13 @@ struct RankSnapshot {
   bool straggler = false;
 };
 
+// A job whose reporting ranks have all exited (MarkRankExited).
+struct FinishedJob {
+  std::string job;
+  int ranks = 0;  // ranks that had reported, all exited
+  int64_t last_step = -1;
+};
+
 struct EngineOptions {
   // Steps of history kept per job and rank (bounds memory per rank).
   int window_steps = 64;
@@ -209,6 +216,15 @@ class Engine {
 
   // Forgets state (expiry by the caller).
   void RemoveJob(absl::string_view job);
+
+  // The process of `rank` of `job` exited at `unix_nanos` (its agent saw the pid gone). `pid` is
+  // that process (0: unknown); an exit of a process other than the one that sent the rank's last
+  // step is ignored (the rank was restarted). Unknown jobs and ranks are ignored. While other ranks
+  // still run, a stall of the job names the exited ranks. Once every rank that reported has
+  // exited, the job has finished, not stalled: it is removed (as RemoveJob, so none of its
+  // findings remain) and returned; a later step starts it afresh.
+  std::optional<FinishedJob> MarkRankExited(absl::string_view job, int rank, int pid,
+                                            int64_t unix_nanos);
   void RemoveNode(absl::string_view node);
 
   // Scaling history (per job name: best throughput per GPU at each world size), kept by the

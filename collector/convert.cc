@@ -63,6 +63,10 @@ analysis::HostReading ToHostReading(const v1::HostSample& h, const std::string& 
   return r;
 }
 
+int64_t ExitedUnixNanos(const v1::RankExit& exit, int64_t default_unix_nanos) {
+  return exit.exited_unix_nanos() > 0 ? exit.exited_unix_nanos() : default_unix_nanos;
+}
+
 void ToProto(const analysis::Finding& f, v1::Finding* out) {
   out->set_kind(analysis::FindingKindName(f.kind));
   out->set_job(f.job);

@@ -18,6 +18,8 @@ void FillStepSample(const v1::StepEvent& event, const std::string& node,
                     int64_t default_received_unix_nanos, analysis::StepSample* out);
 analysis::GpuReading ToGpuReading(const v1::GpuSample& sample, const std::string& node);
 analysis::HostReading ToHostReading(const v1::HostSample& sample, const std::string& node);
+// When a rank's process exited: the agent's stamp, or `default_unix_nanos` when it sent none.
+int64_t ExitedUnixNanos(const v1::RankExit& exit, int64_t default_unix_nanos);
 
 void ToProto(const analysis::Finding& finding, v1::Finding* out);
 void ToProto(const analysis::JobSnapshot& job, int finding_count, v1::JobStatus* out);

@@ -268,6 +268,11 @@ void AddCollectorHealth(const StateSnapshot& s, Builder* b) {
     b->Counter("stepwatch_collector_expired_total", kExpired, {{"kind", kind}},
                it == c.expired.end() ? 0 : it->second);
   }
+  b->Counter("stepwatch_collector_rank_exits_received_total",
+             "Rank exits reported by agents (the rank's sender process was gone).", {},
+             c.rank_exits_received);
+  b->Counter("stepwatch_collector_jobs_finished_total",
+             "Jobs forgotten because every reporting rank's process exited.", {}, c.jobs_finished);
   b->Gauge("stepwatch_collector_agents_connected", "Agents with an open ingest stream.", {},
            s.agents_connected);
   b->Gauge("stepwatch_collector_jobs", "Jobs tracked.", {}, s.jobs.size());

@@ -155,6 +155,18 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
   } else if (batch.has_host()) {
     ++counters_.host_samples_received;
   }
+
+  // After the steps: the agent reports an exit after every step the process sent.
+  for (const v1::RankExit& exit : batch.rank_exits()) {
+    ++counters_.rank_exits_received;
+    std::optional<analysis::FinishedJob> done =
+        engine_.MarkRankExited(exit.job(), exit.rank(), exit.pid(), ExitedUnixNanos(exit, now));
+    if (!done.has_value()) continue;
+    SW_LOG_INFO << "job " << done->job << " finished: all " << done->ranks
+                << " ranks exited (last step " << done->last_step << ")";
+    jobs_.erase(done->job);
+    ++counters_.jobs_finished;
+  }
   return ack;
 }
 

@@ -62,6 +62,9 @@ struct CollectorCounters {
   std::map<std::string, uint64_t> steps_rejected;  // by reason: "invalid", "limit"
   std::map<std::string, uint64_t> limit_hits;      // by limit: "jobs", "ranks_per_job", ...
   std::map<std::string, uint64_t> expired;         // by kind: "job", "node"
+  uint64_t rank_exits_received = 0;
+  // Jobs ended because every reporting rank's process exited (ReportBatch.rank_exits).
+  uint64_t jobs_finished = 0;
 };
 
 // Everything /metrics shows, copied under the lock at scrape time.
@@ -83,7 +86,9 @@ class CollectorState {
   CollectorState(const CollectorState&) = delete;
   CollectorState& operator=(const CollectorState&) = delete;
 
-  // Applies one batch (unless it is a duplicate) and returns the acknowledgement to send.
+  // Applies one batch (unless it is a duplicate) and returns the acknowledgement to send. Its
+  // steps go to the engine first, then its samples, then its rank exits: a job whose reporting
+  // ranks have all exited has finished and is forgotten at once (logged once).
   // InvalidArgument when the batch lacks agent_id, boot_id or seq.
   absl::StatusOr<v1::IngestAck> Apply(const v1::ReportBatch& batch);
 

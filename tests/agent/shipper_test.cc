@@ -1,6 +1,8 @@
 #include "agent/shipper.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <map>
@@ -425,6 +427,44 @@ TEST(ShipperTest, LargeIntervalsAreSplitIntoSeveralBatches) {
   EXPECT_EQ(batches[0].gpus_size(), 2);
   EXPECT_EQ(batches[1].gpus_size(), 0);  // samples go once per interval
   EXPECT_EQ(collector.unique_steps().size(), 10u);
+}
+
+TEST(ShipperTest, ExitedSenderIsReportedOnceAfterItsSteps) {
+  FakeCollector collector;
+  const int port = collector.Start(0, {});
+  ShipperOptions o = Options(port);
+  o.max_events_per_batch = 2;
+  Shipper shipper(o, nullptr, nullptr);
+  ASSERT_TRUE(shipper.Start().ok());
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(dead, &status, 0), dead);
+  for (int i = 0; i < 3; ++i) {
+    v1::StepEvent e = Step(i);
+    e.set_pid(dead);
+    shipper.AddStep(std::move(e));
+  }
+  v1::StepEvent alive = Step(0);
+  alive.set_rank(1);
+  alive.set_world_size(2);
+  alive.set_pid(::getpid());
+  shipper.AddStep(std::move(alive));
+  shipper.FlushNow();
+  shipper.FlushNow();
+  ASSERT_TRUE(WaitFor([&] { return shipper.stats().batches_acknowledged_total == 3; }));
+  const auto batches = collector.batches();
+  ASSERT_EQ(batches.size(), 3u);
+  EXPECT_EQ(batches[0].steps_size(), 2);
+  EXPECT_EQ(batches[0].rank_exits_size(), 0);
+  // The exit rides in the last batch of its interval, after the steps the process sent.
+  EXPECT_EQ(batches[1].steps_size(), 2);
+  ASSERT_EQ(batches[1].rank_exits_size(), 1);
+  EXPECT_EQ(batches[1].rank_exits(0).job(), "job");
+  EXPECT_EQ(batches[1].rank_exits(0).rank(), 0);
+  EXPECT_EQ(batches[1].rank_exits(0).pid(), dead);
+  EXPECT_EQ(batches[2].rank_exits_size(), 0);  // once
+  EXPECT_EQ(shipper.stats().rank_exits_total, 1u);
 }
 
 TEST(ShipperTest, StopFlushesPendingEvents) {

@@ -642,6 +642,91 @@ TEST(EngineTest, StallNamesSilentAndWaitingRanks) {
   EXPECT_TRUE(Of(e, FindingKind::kStall).empty());
 }
 
+TEST(EngineTest, JobWhoseRanksAllExitedFinishesInsteadOfStalling) {
+  EngineOptions o;
+  o.underutil_window_nanos = 5 * kSec;
+  Engine e(o);
+  JobDriver d(&e, "j", 1, 4, 0.1);
+  d.Run(50);
+  // The job ends: its GPUs go quiet while the processes wind down.
+  int64_t t = d.now();
+  for (int i = 0; i <= 6; ++i, t += kSec) {
+    for (int g = 0; g < 4; ++g) {
+      e.AddGpu(Reading("node-0", g, t, 0.0, {static_cast<uint32_t>(5000 + g)}));
+    }
+    e.Advance(t);
+  }
+  ASSERT_EQ(Of(e, FindingKind::kUnderutilizedGpu).size(), 4u);  // "no work" while it lingers
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(e.MarkRankExited("j", r, 5000 + r, t).has_value());
+    EXPECT_TRUE(e.Job("j").has_value());
+  }
+  std::optional<FinishedJob> done = e.MarkRankExited("j", 3, 5003, t);
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->job, "j");
+  EXPECT_EQ(done->ranks, 4);
+  EXPECT_EQ(done->last_step, 49);
+  EXPECT_FALSE(e.Job("j").has_value());
+  EXPECT_TRUE(e.Jobs().empty());
+  EXPECT_TRUE(e.Ranks("j").empty());
+  // Long past the 30 s stall floor: no stall, and the GPUs (their processes gone) are idle
+  // capacity, not a job's problem.
+  for (int i = 0; i < 60; ++i, t += kSec) {
+    for (int g = 0; g < 4; ++g) e.AddGpu(Reading("node-0", g, t, 0.0, {}));
+    e.Advance(t);
+  }
+  EXPECT_TRUE(Of(e, FindingKind::kStall).empty());
+  EXPECT_TRUE(Of(e, FindingKind::kUnderutilizedGpu).empty());
+  for (const Finding& f : e.Findings()) EXPECT_EQ(f.job, "") << f.summary;
+  // Exits of a job that is gone (or never was) change nothing.
+  EXPECT_FALSE(e.MarkRankExited("j", 3, 5003, t).has_value());
+  EXPECT_FALSE(e.MarkRankExited("other", 0, 1, t).has_value());
+}
+
+TEST(EngineTest, StallNamesRanksWhoseProcessesExited) {
+  Engine e;
+  JobDriver d(&e, "j", 1, 4, 0.1);
+  d.Run(50);
+  EXPECT_FALSE(e.MarkRankExited("j", 3, 5003, d.now() + kSec).has_value());
+  e.Advance(d.now() + 32 * kSec);
+  auto f = Of(e, FindingKind::kStall);
+  ASSERT_EQ(f.size(), 1u) << "ranks 0-2 still run: a hang, not a finished job";
+  EXPECT_THAT(f[0].summary, HasSubstr("; rank 3 exited"));
+  EXPECT_FALSE(e.MarkRankExited("j", 1, 5001, d.now() + 33 * kSec).has_value());
+  f = Of(e, FindingKind::kStall);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_THAT(f[0].summary, HasSubstr("; ranks 1,3 exited"));
+  EXPECT_TRUE(e.Job("j").has_value());
+}
+
+TEST(EngineTest, RestartedRankKeepsItsJobRunning) {
+  Engine e;
+  JobDriver d(&e, "j", 1, 2, 0.1);
+  d.Run(20);
+  // The exit of some other process that once sent for rank 0 is not rank 0's exit.
+  EXPECT_FALSE(e.MarkRankExited("j", 0, 4242, d.now()).has_value());
+  EXPECT_FALSE(e.MarkRankExited("j", 1, 5001, d.now()).has_value());
+  EXPECT_TRUE(e.Job("j").has_value());
+  // Rank 1 comes back (restarted) and reports again: it runs.
+  StepSample s;
+  s.job = "j";
+  s.world_size = 2;
+  s.rank = 1;
+  s.step = 20;
+  s.step_s = 0.52;
+  s.pid = 6001;
+  s.received_unix_nanos = d.now() + kSec;
+  ASSERT_TRUE(e.AddStep(s).ok());
+  EXPECT_FALSE(e.MarkRankExited("j", 0, 5000, d.now() + 2 * kSec).has_value());
+  EXPECT_TRUE(e.Job("j").has_value());
+  // The old process of rank 1 again: ignored; the new one ends the job.
+  EXPECT_FALSE(e.MarkRankExited("j", 1, 5001, d.now() + 3 * kSec).has_value());
+  std::optional<FinishedJob> done = e.MarkRankExited("j", 1, 6001, d.now() + 3 * kSec);
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->ranks, 2);
+  EXPECT_EQ(done->last_step, 20);
+}
+
 TEST(EngineTest, StallLimitScalesWithSlowSteps) {
   Engine e;
   JobDriver d(&e, "slow", 1, 2, 0.0);

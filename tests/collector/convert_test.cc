@@ -89,6 +89,16 @@ TEST(ConvertTest, HostSample) {
   EXPECT_FALSE(r.memory_bandwidth_bytes_per_second.has_value());
 }
 
+TEST(ConvertTest, RankExitTimeFallsBackWhenUnstamped) {
+  v1::RankExit x;
+  x.set_job("j");
+  x.set_rank(3);
+  x.set_exited_unix_nanos(1234);
+  EXPECT_EQ(ExitedUnixNanos(x, 99), 1234);
+  x.clear_exited_unix_nanos();
+  EXPECT_EQ(ExitedUnixNanos(x, 99), 99);
+}
+
 TEST(ConvertTest, FindingAndSnapshotsToProto) {
   analysis::Finding f;
   f.kind = analysis::FindingKind::kStraggler;

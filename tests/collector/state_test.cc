@@ -151,6 +151,51 @@ TEST(CollectorStateTest, ExpiresJobsAndNodesUnseenForExpire) {
   EXPECT_EQ(state.Snapshot().counters.duplicate_batches, 0u);
 }
 
+v1::RankExit Exit(const std::string& job, int rank) {
+  v1::RankExit x;
+  x.set_job(job);
+  x.set_rank(rank);
+  return x;
+}
+
+TEST(CollectorStateTest, JobWhoseRanksAllExitedIsForgottenWithoutAStall) {
+  FakeClock clock;
+  CollectorStateOptions o;
+  o.engine.stall_floor_nanos = 5 * kSecond;
+  o.engine.stall_multiple = 2;
+  CollectorState state(o, &clock);
+  uint64_t seq = 0;
+  for (int step = 0; step < 20; ++step) {
+    ASSERT_TRUE(state.Apply(StepBatch("n0", ++seq, "done", 2, step, 0.1)).ok());
+    ASSERT_TRUE(state.Apply(StepBatch("n0", ++seq, "hung", 2, step, 0.1)).ok());
+    clock.Advance(kSecond / 5);
+  }
+  ASSERT_EQ(state.Status().jobs_size(), 2);
+  // Both ranks of "done" exited; one rank of "hung" did, the other hangs on.
+  v1::ReportBatch exits = EmptyBatch("n0", ++seq);
+  *exits.add_rank_exits() = Exit("done", 0);
+  *exits.add_rank_exits() = Exit("done", 1);
+  *exits.add_rank_exits() = Exit("hung", 1);
+  ASSERT_TRUE(state.Apply(exits).ok());
+  ASSERT_TRUE(state.Apply(exits).ok());  // resent: ignored as a duplicate
+  v1::StatusResponse status = state.Status();
+  ASSERT_EQ(status.jobs_size(), 1);
+  EXPECT_EQ(status.jobs(0).job(), "hung");
+  StateSnapshot s = state.Snapshot();
+  EXPECT_EQ(s.counters.rank_exits_received, 3u);
+  EXPECT_EQ(s.counters.jobs_finished, 1u);
+  EXPECT_EQ(s.counters.expired.count("job"), 0u);
+  clock.Advance(10 * kSecond);
+  state.Tick();
+  const v1::FindingsResponse findings = state.Findings("");
+  ASSERT_EQ(findings.findings_size(), 1);
+  EXPECT_EQ(findings.findings(0).kind(), "stall");
+  EXPECT_EQ(findings.findings(0).job(), "hung");
+  EXPECT_NE(findings.findings(0).summary().find("rank 1 exited"), std::string::npos)
+      << findings.findings(0).summary();
+  EXPECT_FALSE(state.Explain("done").ok());
+}
+
 TEST(CollectorStateTest, StragglerReachesFindingsAndExplain) {
   FakeClock clock;
   CollectorState state({}, &clock);

@@ -7,6 +7,7 @@ training script is ddp_train.py next to this file.
 """
 
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -137,9 +138,16 @@ class TorchDdpTest(unittest.TestCase):
                 time.sleep(0.5)
             codes = job.wait(timeout=30)
             self.assertEqual(codes, [0] * WORLD, self.diagnostics(job))
-            # The collector saw (nearly) the whole run: verdicts had every chance to appear.
-            wait_until(lambda: job_last_step(self.collector, "ddp-healthy") >= steps - 20,
-                       timeout=30, message="the collector to see the last steps")
+            # The collector saw (nearly) the whole run: verdicts had every chance to appear. With
+            # every rank's process gone the job has finished and left the collector, which logged
+            # its last step.
+            def last_step_seen():
+                pattern = r"job ddp-healthy finished: all %d ranks exited \(last step (\d+)\)"
+                done = re.search(pattern % WORLD, self.collector.log())
+                return int(done.group(1)) if done else job_last_step(self.collector, "ddp-healthy")
+
+            wait_until(lambda: last_step_seen() >= steps - 20, timeout=30,
+                       message="the collector to see the last steps")
             seen.update(flagged_ranks(self.collector, "ddp-healthy"))
             self.assertEqual(sorted(seen), [], self.diagnostics(job))
             self.assertEqual(straggler_findings(self.collector, "ddp-healthy"), [])
