@@ -58,6 +58,14 @@ ABSL_FLAG(double, stall_multiple, 10,
           "No step progress for this many median step times (and at least --stall_floor) is a "
           "stall.");
 ABSL_FLAG(double, stall_floor, 30, "Minimum seconds without progress before a stall finding.");
+ABSL_FLAG(int32_t, straggler_window, 16,
+          "Steps over which a rank's busy time is compared with its peers' median.");
+ABSL_FLAG(double, straggler_margin, 0.06,
+          "Least relative excess of busy time over the peers' median that flags a straggler "
+          "(it grows with the job's own noise).");
+ABSL_FLAG(double, straggler_min_seconds, 0.002,
+          "Least absolute excess of busy time, in seconds, that flags a straggler (keeps the "
+          "small, noisy busy times of fast jobs from flagging healthy ranks).");
 
 namespace {
 
@@ -104,6 +112,8 @@ int main(int argc, char** argv) {
       {"underutil_threshold", absl::GetFlag(FLAGS_underutil_threshold)},
       {"scaling_threshold", absl::GetFlag(FLAGS_scaling_threshold)},
       {"regression_threshold", absl::GetFlag(FLAGS_regression_threshold)},
+      {"straggler_margin", absl::GetFlag(FLAGS_straggler_margin)},
+      {"straggler_min_seconds", absl::GetFlag(FLAGS_straggler_min_seconds)},
   };
   for (const auto& [name, value] : must_be_positive) {
     if (!Positive(value)) {
@@ -117,6 +127,7 @@ int main(int argc, char** argv) {
       {"max_nodes", absl::GetFlag(FLAGS_max_nodes)},
       {"max_gpus_per_node", absl::GetFlag(FLAGS_max_gpus_per_node)},
       {"window_steps", absl::GetFlag(FLAGS_window_steps)},
+      {"straggler_window", absl::GetFlag(FLAGS_straggler_window)},
   };
   for (const auto& [name, value] : limits) {
     if (value <= 0) {
@@ -148,6 +159,9 @@ int main(int argc, char** argv) {
   st.engine.regression_threshold = absl::GetFlag(FLAGS_regression_threshold);
   st.engine.stall_multiple = absl::GetFlag(FLAGS_stall_multiple);
   st.engine.stall_floor_nanos = SecondsToNanos(absl::GetFlag(FLAGS_stall_floor));
+  st.engine.straggler_window = absl::GetFlag(FLAGS_straggler_window);
+  st.engine.straggler_rel_margin = absl::GetFlag(FLAGS_straggler_margin);
+  st.engine.straggler_abs_margin_s = absl::GetFlag(FLAGS_straggler_min_seconds);
 
   // Block the stop signals in every thread (gRPC and civetweb threads inherit this mask) and
   // collect them with sigwait below.
