@@ -1219,22 +1219,16 @@ class Engine::Impl {
       out->push_back(std::move(f));
     }
     if (job.imbalanced) {
-      Finding f;
-      f.kind = FindingKind::kPipelineImbalance;
-      f.job = job.name;
-      f.since_step = job.imbalanced_since_step;
-      f.since_unix_nanos = job.imbalanced_since_nanos;
+      Finding f = JobFinding(FindingKind::kPipelineImbalance, job, job.imbalanced_since_step,
+                             job.imbalanced_since_nanos);
       f.summary = absl::StrFormat("stage %d takes %.1fx the other stages (busy %s vs %s)",
                                   job.imbalanced_stage, job.imbalance_ratio,
                                   Seconds(job.imbalance_stage_s), Seconds(job.imbalance_others_s));
       out->push_back(std::move(f));
     }
     if (job.scaling_ratio && *job.scaling_ratio < opt_.scaling_threshold) {
-      Finding f;
-      f.kind = FindingKind::kScalingEfficiency;
-      f.job = job.name;
-      f.since_step = job.scaling_since_step;
-      f.since_unix_nanos = job.scaling_since_nanos;
+      Finding f = JobFinding(FindingKind::kScalingEfficiency, job, job.scaling_since_step,
+                             job.scaling_since_nanos);
       f.persistent = true;
       f.summary = absl::StrFormat(
           "scaling efficiency %s at %d GPUs: per-GPU throughput %.2fx the best at %d GPUs",
@@ -1243,11 +1237,8 @@ class Engine::Impl {
       out->push_back(std::move(f));
     }
     if (job.regressed) {
-      Finding f;
-      f.kind = FindingKind::kRegression;
-      f.job = job.name;
-      f.since_step = job.regressed_since_step;
-      f.since_unix_nanos = job.regressed_since_nanos;
+      Finding f = JobFinding(FindingKind::kRegression, job, job.regressed_since_step,
+                             job.regressed_since_nanos);
       f.summary = absl::StrFormat("step time up %.0f%% since step %d: %s vs %s before",
                                   (job.regression_level / job.regression_baseline - 1) * 100,
                                   job.regressed_since_step, Seconds(job.regression_level),
@@ -1255,11 +1246,7 @@ class Engine::Impl {
       out->push_back(std::move(f));
     }
     if (job.stalled) {
-      Finding f;
-      f.kind = FindingKind::kStall;
-      f.job = job.name;
-      f.since_step = job.max_step;
-      f.since_unix_nanos = job.stalled_since_nanos;
+      Finding f = JobFinding(FindingKind::kStall, job, job.max_step, job.stalled_since_nanos);
       f.severity = Severity::kCritical;
       std::vector<int> silent, waiting, exited;
       for (int i = 0; i < job.world_size; ++i) {
@@ -1292,6 +1279,17 @@ class Engine::Impl {
       }
       out->push_back(std::move(f));
     }
+  }
+
+  // A finding about a whole job (not one rank, node or GPU).
+  static Finding JobFinding(FindingKind kind, const JobState& job, int64_t since_step,
+                            int64_t since_unix_nanos) {
+    Finding f;
+    f.kind = kind;
+    f.job = job.name;
+    f.since_step = since_step;
+    f.since_unix_nanos = since_unix_nanos;
+    return f;
   }
 
   Finding GpuFinding(const GpuState& g) const {
