@@ -36,6 +36,10 @@ _perf_counter = time.perf_counter  # reconnect pacing
 _perf_counter_ns = time.perf_counter_ns  # step and phase durations
 
 
+# The agent rejects longer job ids (agent/step_event_parser.h, kMaxJobBytes).
+MAX_JOB_BYTES = 256
+
+
 class Reporter:
     """Sends step events for one training process (one rank).
 
@@ -109,6 +113,15 @@ class Reporter:
         self._fmt_head = escaped + b',"step":%d,"step_s":%r'
         self._fmt_ns_head = escaped + b',"step":%d,"step_s":%de-9'
         self._log = logger or _LOG
+        if len(ident.job.encode("utf-8")) > MAX_JOB_BYTES:
+            # The agent rejects such events (they would become label values downstream): say so
+            # once here rather than let every step vanish.
+            self._log.warning(
+                "stepwatch: job id is %d bytes, over the agent's limit of %d: its events will be "
+                "rejected; set a shorter STEPWATCH_JOB",
+                len(ident.job.encode("utf-8")),
+                MAX_JOB_BYTES,
+            )
         self._lock = threading.Lock()
         self._sock = None
         self._next_connect = 0.0

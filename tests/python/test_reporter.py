@@ -60,6 +60,13 @@ class SendTest(unittest.TestCase):
         self.assertEqual((rep.sent, rep.dropped), (0, 9))
         self.assertIsNone(self.agent.recv(0.05))
 
+    def test_overlong_job_id_is_named_at_construction(self):
+        with self.assertLogs("stepwatch", logging.WARNING) as logs:
+            make_reporter(self, self.agent, job="j" * 300)
+        self.assertIn("300 bytes", logs.output[0])
+        with self.assertNoLogs("stepwatch", logging.WARNING):
+            make_reporter(self, self.agent, job="j" * 256)
+
     def test_absent_agent_drops_counts_and_warns_once(self):
         self.agent.unbind()
         rep = make_reporter(self, self.agent, reconnect_interval=0.0)
