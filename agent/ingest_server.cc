@@ -158,7 +158,7 @@ void IngestServer::Stop() {
 
 IngestStats IngestServer::stats() const {
   IngestStats s;
-  s.datagrams_total = datagrams_.load(std::memory_order_relaxed);
+  s.datagrams_total = datagrams_.load(std::memory_order_acquire);
   s.events_accepted_total = accepted_.load(std::memory_order_relaxed);
   for (int i = 0; i < kRejectReasonCount; ++i) {
     s.rejected_total[i] = rejected_[i].load(std::memory_order_relaxed);
@@ -224,7 +224,6 @@ void IngestServer::Run() {
 }
 
 void IngestServer::Handle(const char* data, size_t size, bool truncated, pid_t pid) {
-  datagrams_.fetch_add(1, std::memory_order_relaxed);
   std::optional<Rejection> rejection;
   v1::StepEvent event;
   if (truncated) {
@@ -235,6 +234,9 @@ void IngestServer::Handle(const char* data, size_t size, bool truncated, pid_t p
   }
   if (rejection) {
     rejected_[static_cast<int>(rejection->reason)].fetch_add(1, std::memory_order_relaxed);
+    // Counted after its verdict (release; Stats() loads with acquire): whoever sees N datagrams
+    // also sees how each of the N was classified.
+    datagrams_.fetch_add(1, std::memory_order_release);
     uint64_t suppressed = 0;
     if (reject_log_limiter_.Allow(&suppressed)) {
       SW_LOG_WARNING << "rejected step event from pid " << pid << " ("
@@ -248,6 +250,7 @@ void IngestServer::Handle(const char* data, size_t size, bool truncated, pid_t p
   event.set_pid(pid);
   event.set_received_unix_nanos(clock_->NowUnixNanos());
   accepted_.fetch_add(1, std::memory_order_relaxed);
+  datagrams_.fetch_add(1, std::memory_order_release);
   sink_(std::move(event));
 }
 

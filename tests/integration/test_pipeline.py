@@ -123,9 +123,10 @@ class PipelineTest(unittest.TestCase):
                 return {l["reason"]: v for l, v in
                         metric_samples(s, "stepwatch_agent_events_rejected_total")}
 
-            counts = wait_until(lambda: (lambda r: r if r.get("too_large", 0) >= 1 and
-                                         r.get("out_of_range", 0) >= 2 else None)(rejected()),
-                                timeout=10, message="rejections counted")
+            # 6 kinds above plus the negative and the NaN step_s: 8 rejections in all.
+            counts = wait_until(lambda: (lambda r: r if sum(r.values()) >= 8 else None)(
+                rejected()), timeout=10, message="rejections counted")
+            self.assertEqual(sum(counts.values()), 8, counts)
             for reason in ("not_json", "not_object", "missing_field", "wrong_type", "too_large"):
                 self.assertGreaterEqual(counts.get(reason, 0), 1, reason)
             self.assertEqual(counts["out_of_range"], 2)
