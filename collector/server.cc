@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "collector/state_file.h"
+#include "common/file.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "common/status_macros.h"
@@ -82,7 +82,7 @@ absl::Status CollectorServer::Init() {
   state_ = std::make_unique<CollectorState>(options_.state, clock_);
 
   if (!options_.state_dir.empty()) {
-    absl::StatusOr<std::string> data = ReadWholeFile(StatePath());
+    absl::StatusOr<std::string> data = ReadFile(StatePath());
     if (data.ok()) {
       absl::Status st = state_->LoadScalingHistory(*data);
       if (!st.ok()) {

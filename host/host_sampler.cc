@@ -6,10 +6,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/file.h"
 #include "common/log.h"
 #include "host/memory_bandwidth.h"
 #include "host/proc_parse.h"
-#include "host/read_file.h"
 
 namespace stepwatch::host {
 namespace {
@@ -26,7 +26,7 @@ class ProcHostSampler : public HostSampler {
     sample.set_sampled_unix_nanos(now_unix_nanos);
 
     // Without /proc/stat there is no host reading worth shipping.
-    absl::StatusOr<std::string> stat_text = ReadSmallFile(root_ + "/proc/stat");
+    absl::StatusOr<std::string> stat_text = ReadFile(root_ + "/proc/stat");
     if (!stat_text.ok()) return stat_text.status();
     absl::StatusOr<CpuTimes> cpu = ParseProcStat(*stat_text);
     if (!cpu.ok()) {
@@ -59,7 +59,7 @@ class ProcHostSampler : public HostSampler {
  private:
   template <typename T>
   absl::StatusOr<T> Parse(const std::string& path, absl::StatusOr<T> (*parse)(absl::string_view)) {
-    absl::StatusOr<std::string> text = ReadSmallFile(path);
+    absl::StatusOr<std::string> text = ReadFile(path);
     if (!text.ok()) {
       Warn(text.status());
       return text.status();

@@ -15,8 +15,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/file.h"
 #include "host/proc_parse.h"
-#include "host/read_file.h"
 
 namespace stepwatch::host {
 namespace {
@@ -56,7 +56,7 @@ class ResctrlCounter : public MemoryTrafficCounter {
     for (const std::string& mon : mon_dirs) {
       for (const std::string& domain : ListDir(mon)) {
         const std::string path = absl::StrCat(mon, "/", domain, "/mbm_total_bytes");
-        absl::StatusOr<std::string> text = ReadSmallFile(path);
+        absl::StatusOr<std::string> text = ReadFile(path);
         if (!text.ok()) continue;
         absl::StatusOr<uint64_t> value = ParseResctrlCounter(*text);
         if (!value.ok()) continue;  // "Unavailable": the counter is not ready in this domain.
@@ -108,7 +108,7 @@ class PerfImcCounter : public MemoryTrafficCounter {
 };
 
 absl::StatusOr<std::string> ReadTrimmed(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadSmallFile(path);
+  absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return text.status();
   return std::string(absl::StripAsciiWhitespace(*text));
 }

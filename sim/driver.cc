@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/file.h"
 #include "common/json.h"
 #include "common/log.h"
 
@@ -24,21 +25,6 @@ void AppendField(std::string* out, const char* name, double value) {
 }
 void AppendField(std::string* out, const char* name, int64_t value) {
   absl::StrAppend(out, ",\"", name, "\":", value);
-}
-
-absl::Status WriteFileAtomically(const std::string& path, const std::string& content) {
-  std::string tmp = absl::StrCat(path, ".tmp");
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
-  }
-  size_t written = std::fwrite(content.data(), 1, content.size(), f);
-  bool ok = std::fclose(f) == 0 && written == content.size();
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot replace ", path, ": ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace

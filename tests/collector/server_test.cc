@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "collector/state_file.h"
 #include "common/clock.h"
+#include "common/file.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -208,7 +208,7 @@ TEST_F(ServerTest, ShutdownWithAnOpenStreamIsBoundedAndSavesState) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   EXPECT_FALSE(stream->Read(&ack));  // the server ended the stream
   stream->Finish();
-  absl::StatusOr<std::string> saved = ReadWholeFile(state_dir_ + "/scaling_history");
+  absl::StatusOr<std::string> saved = ReadFile(state_dir_ + "/scaling_history");
   ASSERT_TRUE(saved.ok()) << saved.status();
   EXPECT_EQ(*saved, server_->state()->SerializeScalingHistory());
   // A new collector on the same state dir starts from it.

@@ -1,20 +1,21 @@
-#include "collector/state_file.h"
+#include "common/file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 
-namespace stepwatch::collector {
+namespace stepwatch {
 namespace {
 
 absl::Status ErrnoError(absl::string_view what, const std::string& path, int err) {
   std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(err));
-  return err == ENOENT ? absl::NotFoundError(msg) : absl::InternalError(msg);
+  return err == ENOENT ? absl::NotFoundError(msg) : absl::UnavailableError(msg);
 }
 
 }  // namespace
@@ -48,24 +49,24 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view data
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+absl::StatusOr<std::string> ReadFile(const std::string& path, size_t max_bytes) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError("cannot open", path, errno);
   std::string out;
   char buf[1 << 16];
-  ssize_t n = 0;
-  do {
-    n = read(fd, buf, sizeof(buf));
+  while (out.size() < max_bytes) {
+    ssize_t n = read(fd, buf, std::min(sizeof(buf), max_bytes - out.size()));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       int err = errno;
       close(fd);
       return ErrnoError("cannot read", path, err);
     }
+    if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
-  } while (n != 0);
+  }
   close(fd);
   return out;
 }
 
-}  // namespace stepwatch::collector
+}  // namespace stepwatch
