@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/net.h"
+#include "gpu/gpu_source.h"
 #include "prometheus/exposer.h"
 
 namespace stepwatch::agent {
@@ -113,6 +114,19 @@ void AddGpuSeries(const std::string& node, const v1::GpuSample& g, Families* f) 
           g.tensor_activity_ratio());
   }
   gauge("processes", "Processes with a compute context on the GPU.", g.pids_size());
+  for (const char* metric : gpu::kGpuMetricNames) {
+    const auto it = g.unavailable_metrics().find(metric);
+    const bool available = it == g.unavailable_metrics().end();
+    f->Add("stepwatch_agent_gpu_metric_available",
+           "1 when the driver gives this reading for the GPU; reason says why not (not_supported, "
+           "no_permission, missing_entry_point, mig_enabled, gpu_lost, error).",
+           kGauge,
+           {{"node", node},
+            {"gpu", absl::StrCat(g.index())},
+            {"metric", metric},
+            {"reason", available ? std::string("ok") : it->second}},
+           available ? 1 : 0);
+  }
 }
 
 void AddHostSeries(const std::string& node, const v1::HostSample& h, Families* f) {
@@ -223,25 +237,22 @@ std::vector<MetricFamily> AgentCollectable::Collect() const {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const std::string& listen, std::shared_ptr<prometheus::Collectable> collectable) {
-  absl::StatusOr<HostPort> hp = ParseHostPort(listen);
-  if (!hp.ok()) return hp.status();
-  // civetweb syntax: "PORT" (all interfaces), "HOST:PORT", "[V6]:PORT".
-  std::string bind = absl::StrCat(hp->port);
-  if (!hp->host.empty()) {
-    bind = hp->host.find(':') != std::string::npos ? absl::StrCat("[", hp->host, "]:", hp->port)
-                                                   : absl::StrCat(hp->host, ":", hp->port);
-  }
+    const std::string& listen, std::shared_ptr<prometheus::Collectable> collectable,
+    const std::string& basic_auth_file) {
   std::unique_ptr<MetricsServer> server(new MetricsServer());
-  try {
-    server->exposer_ = std::make_unique<prometheus::Exposer>(bind, 2);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
-  }
   server->collectable_ = std::move(collectable);
-  server->exposer_->RegisterCollectable(server->collectable_);
-  const std::vector<int> ports = server->exposer_->GetListeningPorts();
-  server->port_ = ports.empty() ? hp->port : ports.front();
+  security::MetricsEndpointOptions options;
+  options.listen = listen;
+  options.basic_auth_file = basic_auth_file;
+  absl::StatusOr<std::unique_ptr<security::MetricsEndpoint>> endpoint =
+      security::MetricsEndpoint::Start(options, server->collectable_);
+  if (!endpoint.ok()) {
+    if (absl::IsInvalidArgument(endpoint.status())) return endpoint.status();
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", listen, ": ", endpoint.status().message()));
+  }
+  server->endpoint_ = *std::move(endpoint);
+  server->port_ = server->endpoint_->port();
   return server;
 }
 

@@ -13,10 +13,7 @@
 #include "agent/shipper.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
-
-namespace prometheus {
-class Exposer;
-}  // namespace prometheus
+#include "security/metrics_endpoint.h"
 
 namespace stepwatch::agent {
 
@@ -39,11 +36,13 @@ class AgentCollectable : public prometheus::Collectable {
   const AgentMetricsSources sources_;
 };
 
-// Serves /metrics on `listen` (HOST:PORT, ":PORT" for all interfaces, port 0 for any free port).
+// Serves /metrics on `listen` (HOST:PORT, ":PORT" for all interfaces, port 0 for any free port),
+// behind basic auth when `basic_auth_file` is set (security/metrics_endpoint.h).
 class MetricsServer {
  public:
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
-      const std::string& listen, std::shared_ptr<prometheus::Collectable> collectable);
+      const std::string& listen, std::shared_ptr<prometheus::Collectable> collectable,
+      const std::string& basic_auth_file = "");
   ~MetricsServer();
   // The bound port (useful with port 0).
   int port() const { return port_; }
@@ -51,7 +50,7 @@ class MetricsServer {
  private:
   MetricsServer() = default;
   std::shared_ptr<prometheus::Collectable> collectable_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<security::MetricsEndpoint> endpoint_;
   int port_ = 0;
 };
 

@@ -101,6 +101,13 @@ absl::StatusOr<std::unique_ptr<IngestServer>> IngestServer::Start(
     ::close(fd);
     return ErrnoError(absl::StrCat("cannot bind ", path), err);
   }
+  if (options.socket_group != static_cast<gid_t>(-1) &&
+      ::chown(path.c_str(), static_cast<uid_t>(-1), options.socket_group) != 0) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(path.c_str());
+    return ErrnoError(absl::StrCat("cannot give ", path, " to group ", options.socket_group), err);
+  }
   if (::chmod(path.c_str(), options.socket_mode) != 0) {
     const int err = errno;
     ::close(fd);
@@ -138,7 +145,8 @@ IngestServer::IngestServer(const IngestServerOptions& options, Sink sink, int fd
       clock_(options.clock ? options.clock : &system_clock_),
       fd_(fd),
       wake_fd_(wake_fd),
-      reject_log_limiter_(5, std::chrono::seconds(10)) {
+      reject_log_limiter_(5, std::chrono::seconds(10)),
+      owners_(options.owners) {
   socklen_t len = sizeof(granted_rcvbuf_);
   ::getsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &granted_rcvbuf_, &len);
 }
@@ -231,6 +239,22 @@ void IngestServer::Handle(const char* data, size_t size, bool truncated, pid_t p
                           absl::StrCat("datagram exceeds ", kMaxDatagramBytes, " bytes")};
   } else {
     rejection = ParseStepEvent(absl::string_view(data, size), &event);
+  }
+  if (!rejection) {
+    switch (owners_.Claim(event.job(), event.rank(), pid)) {
+      case RankOwners::Verdict::kAccepted:
+        break;
+      case RankOwners::Verdict::kNotOwner:
+        rejection = Rejection{
+            RejectReason::kNotOwner,
+            absl::StrCat("job ", event.job(), " rank ", event.rank(), " is reported by pid ",
+                         owners_.Owner(event.job(), event.rank()), ", which still runs")};
+        break;
+      case RankOwners::Verdict::kFull:
+        rejection = Rejection{RejectReason::kNotOwner,
+                              "too many (job, rank) pairs of live processes on this node"};
+        break;
+    }
   }
   if (rejection) {
     rejected_[static_cast<int>(rejection->reason)].fetch_add(1, std::memory_order_relaxed);

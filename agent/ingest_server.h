@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "agent/rank_owners.h"
 #include "agent/step_event_parser.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -24,8 +25,13 @@ namespace stepwatch::agent {
 
 struct IngestServerOptions {
   std::string socket_path = "/run/stepwatch/agent.sock";
-  // Mode of the socket file: 0666 lets training processes of any user send.
-  mode_t socket_mode = 0666;
+  // Mode of the socket file. 0660: only the agent's user and `socket_group` may send; 0666 lets
+  // any local user send (and forge steps of jobs that are not theirs).
+  mode_t socket_mode = 0660;
+  // Group of the socket file (training users belong to it); -1 keeps the agent's own group.
+  gid_t socket_group = static_cast<gid_t>(-1);
+  // Bounds the (job, rank) -> sender pid bindings that refuse forged events.
+  RankOwnersOptions owners;
   // Mode of the parent directory when it has to be created.
   mode_t directory_mode = 0755;
   // Requested SO_RCVBUF; the kernel caps it at net.core.rmem_max unless SO_RCVBUFFORCE is allowed.
@@ -81,6 +87,7 @@ class IngestServer {
   std::thread thread_;
   std::atomic<bool> stopping_{false};
   LogRateLimiter reject_log_limiter_;
+  RankOwners owners_;  // receive thread only
 
   std::atomic<uint64_t> datagrams_{0};
   std::atomic<uint64_t> accepted_{0};

@@ -1,5 +1,6 @@
 // stepwatch-agent: one per training node. Receives step events from training processes on a Unix
 // datagram socket, samples GPUs (NVML) and the host, and streams it all to the collector.
+#include <grp.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -18,19 +19,34 @@
 #include "common/flags.h"
 #include "common/log.h"
 #include "common/net.h"
+#include "common/startup_checks.h"
+#include "common/version.h"
 #include "gpu/gpu_source.h"
 #include "host/host_sampler.h"
-
-#ifndef STEPWATCH_VERSION
-#define STEPWATCH_VERSION "dev"
-#endif
+#include "security/client_security.h"
 
 ABSL_FLAG(std::string, collector, "127.0.0.1:7070",
           "Collector gRPC address, HOST:PORT ([V6]:PORT for IPv6).");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle that signed the collector's certificate: ship to the collector over TLS "
+          "and verify it (its certificate must name the host in --collector). Empty: plaintext.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate, for a collector that requires them (--tls-client-ca); "
+          "reloaded when it changes.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File whose first line is the bearer token sent to the collector; re-read when it "
+          "changes. Empty: no token.");
 ABSL_FLAG(std::string, socket, "/run/stepwatch/agent.sock",
           "Unix datagram socket that training processes send step events to (clients read "
-          "STEPWATCH_SOCKET). The parent directory is created; a stale socket file is replaced; "
-          "the socket is made writable by all users.");
+          "STEPWATCH_SOCKET). The parent directory is created; a stale socket file is replaced. "
+          "Who may send is set by --socket-mode and --socket-group.");
+ABSL_FLAG(std::string, socket_mode, "0660",
+          "Octal mode of the socket file. The default lets the agent's user and --socket-group "
+          "send; 0666 lets every local user send, and so forge steps of jobs not theirs.");
+ABSL_FLAG(std::string, socket_group, "",
+          "Group (name or number) given the socket file: the group of the users whose training "
+          "processes report. Empty: the agent's own group.");
 ABSL_FLAG(std::string, node, "", "Node name used in every series. Default: the host name.");
 ABSL_FLAG(double, interval, 1.0,
           "Seconds between report batches (and GPU/host samples); fractions such as 0.2 allowed.");
@@ -46,6 +62,9 @@ ABSL_FLAG(std::string, nvml_library, "libnvidia-ml.so.1",
 ABSL_FLAG(std::string, metrics_listen, "",
           "Serve the node's raw GPU/host metrics and the agent's health on "
           "http://HOST:PORT/metrics (\":PORT\" for all interfaces). Empty: no metrics endpoint.");
+ABSL_FLAG(std::string, metrics_basic_auth_file, "",
+          "File of \"USER:BCRYPT_HASH\" lines (htpasswd -nB USER): --metrics-listen asks for "
+          "HTTP basic auth. Re-read when it changes. Empty: no authentication.");
 ABSL_FLAG(std::string, host_root, "",
           "Filesystem root under which /proc and /sys are read (for tests and containers that "
           "mount the host's /proc elsewhere). Empty: the real root.");
@@ -58,6 +77,21 @@ ABSL_FLAG(int64_t, receive_buffer_bytes, 16 << 20,
           "Requested kernel receive buffer of the ingest socket (absorbs bursts of step events).");
 
 namespace {
+
+// A group name or number as a gid.
+absl::StatusOr<gid_t> LookUpGroup(const std::string& group) {
+  char* end = nullptr;
+  const unsigned long number = std::strtoul(group.c_str(), &end, 10);
+  if (*end == '\0') return static_cast<gid_t>(number);
+  std::vector<char> buffer(16384);
+  struct group entry;
+  struct group* found = nullptr;
+  if (getgrnam_r(group.c_str(), &entry, buffer.data(), buffer.size(), &found) != 0 ||
+      found == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no group named \"", group, "\""));
+  }
+  return found->gr_gid;
+}
 
 constexpr char kProgram[] = "stepwatch-agent";
 
@@ -85,7 +119,6 @@ int main(int argc, char** argv) {
   stepwatch::FlagsSpec spec;
   spec.program = kProgram;
   spec.main_file = "agent/main.cc";
-  spec.version = STEPWATCH_VERSION;
   spec.usage =
       "stepwatch-agent --collector=HOST:PORT --socket=PATH [--node=NAME] [--interval=SECONDS]\n"
       "    [--buffer=N] [--nvml-library=PATH] [--metrics-listen=HOST:PORT]\n\n"
@@ -105,6 +138,13 @@ int main(int argc, char** argv) {
   if (!metrics_listen.empty() && !stepwatch::ParseHostPort(metrics_listen).ok()) {
     UsageError(
         absl::StrCat("--metrics-listen must be HOST:PORT or :PORT, got \"", metrics_listen, "\""));
+  }
+  if (!metrics_listen.empty()) {
+    // Checked before anything starts: civetweb reports a busy port only as log noise.
+    if (absl::Status st = stepwatch::CheckCanListen(metrics_listen); !st.ok()) {
+      stepwatch::StartupError(
+          spec.program, absl::StrCat("--metrics-listen=", metrics_listen, ": ", st.message()));
+    }
   }
   const std::string socket_path = absl::GetFlag(FLAGS_socket);
   if (socket_path.empty()) UsageError("--socket must not be empty");
@@ -142,13 +182,19 @@ int main(int argc, char** argv) {
   v1::NodeInfo node_info;
   node_info.set_node(node);
   node_info.set_hostname(HostName());
-  node_info.set_agent_version(STEPWATCH_VERSION);
+  node_info.set_agent_version(stepwatch::kVersion);
   {
     v1::NodeInfo described = node_info;
     gpus->DescribeNode(&described);
     if (described.nvml_available()) {
       SW_LOG_INFO << "NVML loaded from " << gpu_options.nvml_library << ": "
                   << described.gpu_count() << " GPUs, driver " << described.driver_version();
+      // NVIDIA documents 100 ms as the shortest GPM sample interval: GPM readings are refreshed
+      // at most that often and repeat in between.
+      if (interval < absl::Nanoseconds(gpu::kGpmMinIntervalNanos)) {
+        SW_LOG_WARNING << "--interval=" << absl::FormatDuration(interval)
+                       << " is below GPM's 100 ms minimum: GPM metrics are sampled every 100 ms";
+      }
     } else {
       SW_LOG_WARNING << "NVML unavailable (" << described.nvml_error()
                      << "); running without GPU metrics";
@@ -158,8 +204,27 @@ int main(int argc, char** argv) {
   host_options.root = absl::GetFlag(FLAGS_host_root);
   std::unique_ptr<host::HostSampler> host = host::MakeHostSampler(host_options);
 
+  security::ClientTlsConfig tls;
+  tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  absl::StatusOr<security::ClientSecurity> client_security =
+      security::MakeClientSecurity(tls, absl::GetFlag(FLAGS_auth_token_file));
+  if (!client_security.ok()) {
+    SW_LOG_ERROR << "cannot set up the connection to the collector: "
+                 << client_security.status().message();
+    return 2;
+  }
+  if (!security::Enabled(tls)) {
+    SW_LOG_WARNING << "shipping to collector " << collector
+                   << " in PLAINTEXT (no --tls-ca): step timings and GPU readings can be read "
+                      "and forged on the network";
+  }
+
   agent::ShipperOptions shipper_options;
   shipper_options.collector = collector;
+  shipper_options.credentials = client_security->credentials;
+  shipper_options.token = client_security->token;
   shipper_options.agent_id = agent::MakeAgentId(node, socket_path);
   shipper_options.node_info = node_info;
   shipper_options.interval = interval;
@@ -176,6 +241,26 @@ int main(int argc, char** argv) {
 
   agent::IngestServerOptions ingest_options;
   ingest_options.socket_path = socket_path;
+  {
+    const std::string mode = absl::GetFlag(FLAGS_socket_mode);
+    char* end = nullptr;
+    const long parsed = std::strtol(mode.c_str(), &end, 8);
+    if (mode.empty() || *end != '\0' || parsed < 0 || parsed > 0777) {
+      UsageError(
+          absl::StrCat("--socket-mode must be an octal mode such as 0660, got \"", mode, "\""));
+    }
+    ingest_options.socket_mode = static_cast<mode_t>(parsed);
+    if ((parsed & 0002) != 0) {
+      SW_LOG_WARNING << "--socket-mode=" << mode
+                     << ": every local user may send step events, and forge other jobs' ranks";
+    }
+    const std::string group = absl::GetFlag(FLAGS_socket_group);
+    if (!group.empty()) {
+      absl::StatusOr<gid_t> gid = LookUpGroup(group);
+      if (!gid.ok()) UsageError(absl::StrCat("--socket-group: ", gid.status().message()));
+      ingest_options.socket_group = *gid;
+    }
+  }
   ingest_options.receive_buffer_bytes = static_cast<int>(rcvbuf);
   absl::StatusOr<std::unique_ptr<agent::IngestServer>> ingest = agent::IngestServer::Start(
       ingest_options, [&shipper](v1::StepEvent&& event) { shipper.AddStep(std::move(event)); });
@@ -195,7 +280,8 @@ int main(int argc, char** argv) {
     sources.shipper = [&shipper] { return shipper.stats(); };
     sources.samples = [&shipper] { return shipper.LatestSamples(); };
     absl::StatusOr<std::unique_ptr<agent::MetricsServer>> m = agent::MetricsServer::Start(
-        metrics_listen, std::make_shared<agent::AgentCollectable>(std::move(sources)));
+        metrics_listen, std::make_shared<agent::AgentCollectable>(std::move(sources)),
+        absl::GetFlag(FLAGS_metrics_basic_auth_file));
     if (!m.ok()) {
       SW_LOG_ERROR << m.status();
       (*ingest)->Stop();

@@ -71,8 +71,10 @@ absl::Status Shipper::Start() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, Millis(options_.backoff.initial));
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, Millis(options_.backoff.initial));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, Millis(options_.backoff.max));
-  channel_ =
-      grpc::CreateCustomChannel(options_.collector, grpc::InsecureChannelCredentials(), args);
+  channel_ = grpc::CreateCustomChannel(
+      options_.collector,
+      options_.credentials != nullptr ? options_.credentials : grpc::InsecureChannelCredentials(),
+      args);
   stub_ = v1::Ingest::NewStub(channel_);
   ticker_ = std::thread([this] { TickerLoop(); });
   streamer_ = std::thread([this] { StreamLoop(); });
@@ -307,6 +309,9 @@ void Shipper::StreamLoop() {
 
 bool Shipper::RunStream() {
   grpc::ClientContext context;
+  if (options_.token != nullptr) {
+    context.AddMetadata("authorization", options_.token->AuthorizationHeader());
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return false;

@@ -23,12 +23,14 @@
 #include "common/clock.h"
 #include "gpu/gpu_source.h"
 #include "host/host_sampler.h"
+#include "security/tokens.h"
 #include "stepwatch/v1/stepwatch.grpc.pb.h"
 #include "stepwatch/v1/stepwatch.pb.h"
 
 namespace grpc {
 class Channel;
 class ClientContext;
+class ChannelCredentials;
 }  // namespace grpc
 
 namespace stepwatch::agent {
@@ -65,6 +67,10 @@ struct ShipperOptions {
   RankExitTrackerOptions rank_exits;
   // nullptr means the system clock.
   const Clock* clock = nullptr;
+  // Channel credentials (security::MakeChannelCredentials); nullptr means plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Bearer token sent on every stream; nullptr sends none.
+  std::shared_ptr<security::TokenSource> token;
 };
 
 struct ShipperStats {

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/json.h"
+#include "common/text.h"
 
 namespace stepwatch::agent {
 
@@ -28,6 +29,8 @@ const char* RejectReasonName(RejectReason reason) {
       return "too_large";
     case RejectReason::kDuplicateField:
       return "duplicate_field";
+    case RejectReason::kNotOwner:
+      return "not_owner";
   }
   return "unknown";
 }
@@ -384,6 +387,28 @@ std::optional<Rejection> Parse(absl::string_view datagram, bool fast_path, v1::S
   if (job.size() > kMaxJobBytes) {
     return Reject(RejectReason::kOutOfRange,
                   absl::StrCat("job is ", job.size(), " bytes, the limit is ", kMaxJobBytes));
+  }
+  // Terminal escape sequences start with control characters.
+  if (size_t at = FindControlCharacter(job); at != absl::string_view::npos) {
+    return Reject(RejectReason::kOutOfRange,
+                  absl::StrCat("job contains a control character at byte ", at));
+  }
+  if (slots[kWorldSize].integer > kMaxWorldSize) {
+    return Reject(RejectReason::kOutOfRange, absl::StrCat("world_size ", slots[kWorldSize].integer,
+                                                          " is over ", kMaxWorldSize));
+  }
+  for (int id : {kStepS, kDataS, kComputeS, kCommS}) {
+    if (slots[id].present && slots[id].number > kMaxStepSeconds) {
+      return Reject(RejectReason::kOutOfRange,
+                    absl::StrCat(kFields[id].snake, " ", slots[id].number, " s is over a day"));
+    }
+  }
+  for (int id : {kGpu, kLocalRank}) {
+    if (slots[id].present && slots[id].integer > kMaxGpuIndex) {
+      return Reject(
+          RejectReason::kOutOfRange,
+          absl::StrCat(kFields[id].snake, " ", slots[id].integer, " is over ", kMaxGpuIndex));
+    }
   }
   if (slots[kRank].integer >= slots[kWorldSize].integer) {
     return Reject(

@@ -20,8 +20,9 @@ enum class RejectReason {
   kOutOfRange,      // NaN/Inf, negative durations, rank >= world_size, step < 0, step_s <= 0, ...
   kTooLarge,        // datagram over the size limit
   kDuplicateField,  // the same field twice, e.g. as "world_size" and "worldSize"
+  kNotOwner,        // (job, rank) is bound to another live process (checked by the ingest server)
 };
-inline constexpr int kRejectReasonCount = 7;
+inline constexpr int kRejectReasonCount = 8;
 
 // Stable snake_case name, e.g. "out_of_range".
 const char* RejectReasonName(RejectReason reason);
@@ -34,8 +35,14 @@ struct Rejection {
 
 // The largest datagram accepted (DESIGN.md: "a datagram over 64 KiB" is rejected).
 inline constexpr size_t kMaxDatagramBytes = 64 * 1024;
-// Longer job ids are rejected: they become label values downstream.
+// Longer job ids are rejected: they become label values downstream. Control characters in them
+// are rejected too (they would reach terminals and label values).
 inline constexpr size_t kMaxJobBytes = 256;
+// A step (or a part of one) longer than a day is a bug or an attack, not a measurement.
+inline constexpr double kMaxStepSeconds = 86400;
+// Larger world sizes and GPU indices are not real: they would only size tables downstream.
+inline constexpr int64_t kMaxWorldSize = 1 << 20;
+inline constexpr int64_t kMaxGpuIndex = 1023;
 
 // Parses one datagram into `*event` (which is cleared first). Returns nullopt when the datagram is
 // valid. snake_case and lowerCamelCase field names are both accepted, unknown fields are ignored,

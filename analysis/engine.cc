@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "analysis/causes.h"
 #include "analysis/ring.h"
 
 namespace stepwatch::analysis {
@@ -46,6 +47,40 @@ const char* SeverityName(Severity severity) {
       return "warning";
     case Severity::kCritical:
       return "critical";
+  }
+  return "unknown";
+}
+
+const char* CauseName(Cause cause) {
+  switch (cause) {
+    case Cause::kUnknown:
+      return "unknown";
+    case Cause::kMoreWork:
+      return "more_work";
+    case Cause::kThermalThrottling:
+      return "thermal_throttling";
+    case Cause::kPowerThrottling:
+      return "power_throttling";
+    case Cause::kHardwareSlowdown:
+      return "hardware_slowdown";
+    case Cause::kLowClocks:
+      return "low_clocks";
+    case Cause::kHostCpu:
+      return "host_cpu";
+    case Cause::kDataLoading:
+      return "data_loading";
+    case Cause::kExposedComm:
+      return "exposed_communication";
+    case Cause::kMemoryBandwidth:
+      return "memory_bandwidth";
+    case Cause::kNoWork:
+      return "no_work";
+    case Cause::kImbalance:
+      return "imbalance";
+    case Cause::kRankExited:
+      return "rank_exited";
+    case Cause::kHang:
+      return "hang";
   }
   return "unknown";
 }
@@ -94,9 +129,10 @@ struct Entry {
   double data = 0;
   double wait = 0;
   int64_t samples = -1;
-  bool split = false;      // data_s or compute_s reported
-  bool step_only = false;  // nothing but step_s: the GPU's SM activity may tell the split
-  bool stale = false;      // split taken from a GPU reading already used: no new evidence
+  bool split = false;          // data_s or compute_s reported
+  bool step_only = false;      // nothing but step_s: the GPU's SM activity may tell the split
+  bool stale = false;          // split taken from a GPU reading already used: no new evidence
+  bool unknown_split = false;  // step_only with no SM activity: busy is the step, not evidence
 };
 
 struct Pending {
@@ -177,7 +213,8 @@ struct StepSummary {
   double max_busy = 0;
   double exposed_comm = 0;
   double med_data = 0;
-  double samples = -1;  // summed over ranks, -1 when not reported
+  double samples = -1;       // summed over ranks, -1 when not reported
+  bool split_known = false;  // some rank's split was reported or inferred from SM activity
 };
 
 struct StageState {
@@ -207,6 +244,9 @@ struct JobState {
   int64_t regressed_since_nanos = 0;
   double regression_baseline = 0;
   double regression_level = 0;
+  // What rose with the step time, fixed when the regression is found.
+  Cause regression_cause = Cause::kUnknown;
+  std::string regression_cause_text;
 
   // Stalls.
   bool stalled = false;
@@ -368,6 +408,7 @@ class Engine::Impl {
       e.compute = s.step_s;
       e.wait = 0;
       e.step_only = true;
+      e.unknown_split = true;
     }
     e.samples = s.samples.value_or(-1);
 
@@ -443,8 +484,10 @@ class Engine::Impl {
       rs.compute_s = median_of(&StepVals::compute);
       rs.data_s = median_of(&StepVals::data);
       rs.comm_s = median_of(&StepVals::comm);
-      if (!r.scores.empty()) rs.busy_vs_median_ratio = r.sum_ratio / r.scores.size();
-      rs.straggler = r.flagged;
+      // Scores exist only where the rank had a peer to compare with and its split was known.
+      rs.comparable = !r.scores.empty();
+      if (rs.comparable) rs.busy_vs_median_ratio = r.sum_ratio / r.scores.size();
+      rs.straggler = r.flagged || (job.imbalanced && r.pp_stage == job.imbalanced_stage);
       out.push_back(std::move(rs));
     }
     return out;
@@ -486,6 +529,8 @@ class Engine::Impl {
     done.job = job.name;
     done.ranks = job.present_ranks;
     done.last_step = job.max_step;
+    done.last_snapshot = Snapshot(job);
+    JobFindings(job, &done.last_findings);
     RemoveJob(name);
     return done;
   }
@@ -506,6 +551,13 @@ class Engine::Impl {
       }
     }
     jobs_.erase(it);
+  }
+
+  bool RankReportedFrom(absl::string_view name, int rank, absl::string_view node) const {
+    auto it = jobs_.find(std::string(name));
+    if (it == jobs_.end() || rank < 0 || rank >= it->second->world_size) return false;
+    const RankState& r = it->second->ranks[rank];
+    return r.present && r.node == node;
   }
 
   void RemoveNode(absl::string_view node) {
@@ -614,6 +666,7 @@ class Engine::Impl {
       e.busy = std::clamp(*g->last.sm_activity_ratio, 0.0, 1.0) * e.step_s;
       e.compute = e.busy;
       e.wait = e.step_s - e.busy;
+      e.unknown_split = false;
       // GPUs are sampled on their own clock: a reading spanning several steps is scored once.
       e.stale = g->last.sampled_unix_nanos == r.last_gpu_nanos;
       r.last_gpu_nanos = g->last.sampled_unix_nanos;
@@ -641,6 +694,8 @@ class Engine::Impl {
     sum.med_busy = MedianInPlace(scratch_);
     sum.max_busy = max_busy;
     sum.exposed_comm = min_wait;
+    sum.split_known =
+        std::any_of(es.begin(), es.end(), [](const Entry& e) { return !e.unknown_split; });
     scratch_.clear();
     for (const Entry& e : es) scratch_.push_back(e.data);
     sum.med_data = MedianInPlace(scratch_);
@@ -668,22 +723,33 @@ class Engine::Impl {
 
   void ScoreGroup(JobState& job, int64_t step, int64_t nanos, double step_s,
                   const std::vector<Entry>& es, size_t begin, size_t end) {
-    const size_t n = end - begin;
+    // Ranks whose split is unknown (step time only) say nothing about who is slower.
+    std::vector<size_t> peers;
+    for (size_t i = begin; i < end; ++i) {
+      if (!es[i].unknown_split) peers.push_back(i);
+    }
+    const size_t n = peers.size();
     double ref = 0, ref_compute = 0, ref_data = 0, sigma = 0;
-    const bool scored = n >= 3;  // with fewer peers there is no robust majority to compare with
-    if (scored) {
+    auto median_of = [&](double Entry::*field) {
       scratch_.clear();
-      for (size_t i = begin; i < end; ++i) scratch_.push_back(es[i].busy);
-      ref = MedianInPlace(scratch_);
+      for (size_t i : peers) scratch_.push_back(es[i].*field);
+      return MedianInPlace(scratch_);
+    };
+    if (n >= 3) {
+      ref = median_of(&Entry::busy);
       for (double& v : scratch_) v = std::fabs(v - ref);
       double mad = MedianInPlace(scratch_);
       sigma = ref > 0 ? kMadToSigma * mad / ref : 0;
+      ref_compute = median_of(&Entry::compute);
+      ref_data = median_of(&Entry::data);
+    }
+    if (n >= 2) {
       // Persistent differences between peers (heterogeneous hardware, uneven shards) inflate the
       // spread across ranks but not the noise of a rank's own ratio over time, which is what the
       // window mean has to beat. Once ranks have history, use the median over peers of that
-      // temporal noise.
+      // temporal noise. Two peers have no robust spread at all: until then the margins alone hold.
       scratch_.clear();
-      for (size_t i = begin; i < end; ++i) {
+      for (size_t i : peers) {
         const RankState& r = job.ranks[es[i].rank];
         const double k = r.scores.size();
         if (2 * k < opt_.straggler_window) continue;
@@ -691,29 +757,39 @@ class Engine::Impl {
         scratch_.push_back(std::sqrt(std::max(0.0, r.sum_ratio_sq / k - mean * mean)));
       }
       if (2 * scratch_.size() >= n) sigma = MedianInPlace(scratch_);
-      scratch_.clear();
-      for (size_t i = begin; i < end; ++i) scratch_.push_back(es[i].compute);
-      ref_compute = MedianInPlace(scratch_);
-      scratch_.clear();
-      for (size_t i = begin; i < end; ++i) scratch_.push_back(es[i].data);
-      ref_data = MedianInPlace(scratch_);
     }
     for (size_t i = begin; i < end; ++i) {
       const Entry& e = es[i];
       RankState& r = job.ranks.Mutable(e.rank);
       r.history.Push(StepVals{static_cast<float>(e.busy), static_cast<float>(e.compute),
                               static_cast<float>(e.data), static_cast<float>(e.wait)});
-      if (!scored || ref <= 0 || e.stale) continue;
+    }
+    if (n < 2) return;  // nobody to compare with
+    for (size_t k = 0; k < n; ++k) {
+      const Entry& e = es[peers[k]];
+      RankState& r = job.ranks.Mutable(e.rank);
+      double rank_ref = ref, rank_ref_compute = ref_compute, rank_ref_data = ref_data;
+      bool waits_less = true;
+      if (n == 2) {
+        // No majority: compare with the other rank. The slower one is busier and waits less (the
+        // faster one waits for it in the collective).
+        const Entry& other = es[peers[1 - k]];
+        rank_ref = other.busy;
+        rank_ref_compute = other.compute;
+        rank_ref_data = other.data;
+        waits_less = e.wait < other.wait;
+      }
+      if (rank_ref <= 0 || e.stale) continue;
       Score sc;
       sc.step = step;
       sc.busy = e.busy;
-      sc.ref = ref;
+      sc.ref = rank_ref;
       sc.compute = e.compute;
-      sc.ref_compute = ref_compute;
+      sc.ref_compute = rank_ref_compute;
       sc.data = e.data;
-      sc.ref_data = ref_data;
+      sc.ref_data = rank_ref_data;
       sc.sigma = sigma;
-      sc.over = e.busy / ref - 1 > opt_.straggler_rel_margin;
+      sc.over = e.busy / rank_ref - 1 > opt_.straggler_rel_margin && waits_less;
       sc.split = e.split;
       Score old;
       if (r.scores.Push(sc, &old)) {
@@ -889,10 +965,52 @@ class Engine::Impl {
       }
       job.regressed_since_step = job.reg_recent[best].first;
       job.regressed_since_nanos = nanos;
+      job.regression_cause = RegressionCause(job, &job.regression_cause_text);
     } else if (recent <= job.regression_baseline * (1 + opt_.regression_threshold / 2)) {
       job.regressed = false;
     }
     job.regression_level = recent;
+  }
+
+  // The part of the step split that rose most from before the regression's first step to after it
+  // (per-step means): a straggler shows as imbalance, a slower network as exposed communication.
+  static Cause RegressionCause(const JobState& job, std::string* text) {
+    text->clear();
+    struct Parts {
+      double n = 0, comm = 0, imbalance = 0, data = 0, compute = 0;
+    } before, after;
+    for (size_t i = 0; i < job.summaries.size(); ++i) {
+      const StepSummary& x = job.summaries[i];
+      if (!x.split_known) continue;
+      Parts& p = x.step < job.regressed_since_step ? before : after;
+      ++p.n;
+      p.comm += x.exposed_comm;
+      p.imbalance += x.max_busy - x.med_busy;
+      p.data += x.med_data;
+      p.compute += std::max(0.0, x.med_busy - x.med_data);
+    }
+    if (before.n == 0 || after.n == 0) return Cause::kUnknown;
+    struct Rise {
+      double seconds;
+      Cause cause;
+      const char* name;
+    };
+    const Rise rises[] = {
+        {after.comm / after.n - before.comm / before.n, Cause::kExposedComm,
+         "exposed communication"},
+        {after.imbalance / after.n - before.imbalance / before.n, Cause::kImbalance,
+         "waiting for slower ranks"},
+        {after.data / after.n - before.data / before.n, Cause::kDataLoading, "data loading"},
+        // Every rank computing longer: new code or inputs, or slower GPUs; no single cause.
+        {after.compute / after.n - before.compute / before.n, Cause::kUnknown, "compute"},
+    };
+    const Rise* best = nullptr;
+    for (const Rise& r : rises) {
+      if (r.seconds > 0 && (best == nullptr || r.seconds > best->seconds)) best = &r;
+    }
+    if (best == nullptr) return Cause::kUnknown;
+    *text = absl::StrCat("; largest rise: ", best->name, " +", Seconds(best->seconds), " per step");
+    return best->cause;
   }
 
   void UpdateScaling(JobState& job, int64_t step, int64_t nanos) {
@@ -1021,16 +1139,21 @@ class Engine::Impl {
     }
     if (!v.empty() && s.median_step_s > 0)
       s.samples_per_second = MedianInPlace(v) / s.median_step_s;
-    double step = 0, busy = 0, imbalance = 0, comm = 0, data = 0;
+    // Only steps whose split is known: a step time alone says nothing of where the time went.
+    double step = 0, busy = 0, imbalance = 0, comm = 0, data = 0, hideable = 0;
     for (size_t i = 0; i < job.summaries.size(); ++i) {
       const StepSummary& x = job.summaries[i];
+      if (!x.split_known) continue;
+      s.split_known = true;
       step += x.step_s;
       busy += x.med_busy;
       imbalance += x.max_busy - x.med_busy;
       comm += x.exposed_comm;
       data += x.med_data;
+      // Communication can only hide behind compute that exists in the same step.
+      hideable += std::min(x.exposed_comm, std::max(0.0, x.med_busy - x.med_data));
     }
-    if (step > 0) {
+    if (s.split_known && step > 0) {
       TimeBreakdown& b = s.breakdown;
       b.data = data / step;
       b.compute = std::max(0.0, busy - data) / step;
@@ -1051,7 +1174,7 @@ class Engine::Impl {
         return rest > 0 ? std::max(1.0, step / rest) : 1.0;
       };
       s.whatif.stragglers = speedup(imbalance);
-      s.whatif.overlap = speedup(comm);
+      s.whatif.overlap = speedup(hideable);
       s.whatif.data = speedup(data);
     }
     s.scaling_efficiency_ratio = job.scaling_ratio;
@@ -1077,40 +1200,21 @@ class Engine::Impl {
     return nullptr;
   }
 
-  // Causes read from a GPU's and its host's last readings: clocks, throttling, power, utilization.
-  std::vector<std::string> DeviceCauses(const GpuState* g, const std::string& node) const {
-    std::vector<std::string> causes;
+  // Causes read from a GPU's and its host's last readings: clocks, throttling, power, host CPU;
+  // a low GPU utilization is evidence (a text) without a cause of its own.
+  Evidence DeviceEvidence(const GpuState* g, const std::string& node) const {
+    Evidence ev;
     if (g != nullptr) {
-      const GpuReading& x = g->last;
-      std::string clock;
-      if (x.sm_clock_mhz && x.sm_clock_max_mhz && *x.sm_clock_max_mhz > 0 &&
-          *x.sm_clock_mhz < 0.95 * *x.sm_clock_max_mhz) {
-        clock = absl::StrFormat("SM clock %.0f of %.0f MHz", *x.sm_clock_mhz, *x.sm_clock_max_mhz);
-      }
-      std::vector<std::string> reasons = x.throttle_reasons
-                                             ? DecodeThrottleReasons(*x.throttle_reasons)
-                                             : std::vector<std::string>{};
-      if (!clock.empty() && !reasons.empty()) {
-        causes.push_back(absl::StrCat(clock, ", ", absl::StrJoin(reasons, ", ")));
-      } else if (!clock.empty()) {
-        causes.push_back(clock);
-      } else if (!reasons.empty()) {
-        causes.push_back(absl::StrJoin(reasons, ", "));
-      }
-      if (x.power_watts && x.power_limit_watts && *x.power_limit_watts > 0 &&
-          *x.power_watts >= 0.97 * *x.power_limit_watts &&
-          std::find(reasons.begin(), reasons.end(), "power capping") == reasons.end()) {
-        causes.push_back(
-            absl::StrFormat("at power cap (%.0f of %.0f W)", *x.power_watts, *x.power_limit_watts));
-      }
+      ev = GpuSlowdowns(g->last);
       if (g->has_value && g->value < opt_.underutil_threshold) {
-        causes.push_back(absl::StrCat("GPU utilization ", Percent(g->value)));
+        ev.texts.push_back(absl::StrCat("GPU utilization ", Percent(g->value)));
       }
     }
     if (std::optional<double> cpu = SaturatedHostCpu(node)) {
-      causes.push_back(absl::StrCat("host CPU ", Percent(*cpu)));
+      AddCause(Cause::kHostCpu, &ev.causes);
+      ev.texts.push_back(absl::StrCat("host CPU ", Percent(*cpu)));
     }
-    return causes;
+    return ev;
   }
 
   // The node's host CPU utilization when it is saturated and clearly busier than the median host:
@@ -1132,7 +1236,11 @@ class Engine::Impl {
   }
 
   // The rank's own split against its peers over the detector window.
-  std::string SplitCause(const RankState& r) const {
+  struct SplitView {
+    std::string text;
+    bool data = false;  // the excess is in data loading rather than compute
+  };
+  SplitView SplitOf(const RankState& r) const {
     double busy = 0, ref = 0, compute = 0, ref_compute = 0, data = 0, ref_data = 0;
     bool split = false;
     for (size_t i = 0; i < r.scores.size(); ++i) {
@@ -1148,13 +1256,201 @@ class Engine::Impl {
     const double n = std::max<size_t>(1, r.scores.size());
     const double data_excess = (data - ref_data) / n, compute_excess = (compute - ref_compute) / n;
     if (data_excess > compute_excess && data_excess > 0) {
-      return absl::StrCat("data loading +", Seconds(data_excess), " vs median");
+      return {absl::StrCat("data loading +", Seconds(data_excess), " vs median"), true};
     }
     if (ref_compute > 0 && split) {
-      return absl::StrFormat("compute %+.0f%% vs median", (compute / ref_compute - 1) * 100);
+      return {absl::StrFormat("compute %+.0f%% vs median", (compute / ref_compute - 1) * 100)};
     }
-    if (ref > 0) return absl::StrFormat("busy %+.0f%% vs median", (busy / ref - 1) * 100);
-    return "slower than its peers";
+    if (ref > 0) return {absl::StrFormat("busy %+.0f%% vs median", (busy / ref - 1) * 100)};
+    return {"slower than its peers"};
+  }
+
+  // Whether a rank's GPU shows it doing more work than its peers rather than being slower: full
+  // clocks, no throttling, a busy GPU (and no saturated host, which DeviceEvidence would name).
+  bool FullSpeedAndBusy(const GpuState* g) const {
+    return g != nullptr && AtFullSpeed(g->last) && g->has_value &&
+           g->value >= opt_.underutil_threshold;
+  }
+
+  std::vector<int> Bounded(std::vector<int> ranks) const {
+    std::sort(ranks.begin(), ranks.end());
+    if (static_cast<int>(ranks.size()) > opt_.max_finding_ranks) {
+      ranks.resize(std::max(0, opt_.max_finding_ranks));
+    }
+    return ranks;
+  }
+
+  // Cause, advice and the cause's part of the summary for one flagged rank.
+  void AttributeStraggler(int rank, const RankState& r, const GpuState* g, Finding* f) const {
+    const SplitView split = SplitOf(r);
+    const Evidence dev = DeviceEvidence(g, r.node);
+    absl::StrAppend(&f->summary, ": ", split.text);
+    if (split.data) {
+      f->causes.push_back(Cause::kDataLoading);
+      for (Cause c : dev.causes) AddCause(c, &f->causes);
+      if (!dev.texts.empty()) absl::StrAppend(&f->summary, "; ", absl::StrJoin(dev.texts, "; "));
+      f->action = DeviceAction(Cause::kDataLoading, r.node, f->gpu);
+    } else if (!dev.causes.empty()) {
+      f->causes = dev.causes;
+      const bool host = dev.causes[0] == Cause::kHostCpu;
+      absl::StrAppend(&f->summary,
+                      host ? "; slower host: " : "; slower GPU: ", absl::StrJoin(dev.texts, "; "));
+      f->action = DeviceAction(dev.causes[0], r.node, f->gpu);
+    } else if (FullSpeedAndBusy(g)) {
+      f->causes.push_back(Cause::kMoreWork);
+      const GpuReading& x = g->last;
+      std::string clock =
+          x.sm_clock_mhz ? absl::StrFormat("SM clock %.0f MHz, ", *x.sm_clock_mhz) : std::string();
+      absl::StrAppend(&f->summary, "; more work than its peers at full clocks (", clock,
+                      g->last.sm_activity_ratio ? "SM activity " : "utilization ",
+                      Percent(g->value), ")");
+      f->action = absl::StrCat("check the sharding and data balance of rank ", rank,
+                               " (e.g. uneven sequence lengths or batch sizes)");
+    } else {
+      absl::StrAppend(&f->summary, "; cause unknown");
+      if (g == nullptr) absl::StrAppend(&f->summary, " (no GPU readings)");
+      if (!dev.texts.empty()) absl::StrAppend(&f->summary, ": ", absl::StrJoin(dev.texts, "; "));
+      f->action = absl::StrCat("compare rank ", rank, "'s GPU and host with its peers' ",
+                               "(nvidia-smi, py-spy dump)");
+    }
+    f->cause = f->causes.empty() ? Cause::kUnknown : f->causes[0];
+  }
+
+  void SlowNodeFinding(const JobState& job, const std::string& node, const JobState::NodeSlow& st,
+                       std::vector<Finding>* out) const {
+    Finding f;
+    f.kind = FindingKind::kSlowNode;
+    f.job = job.name;
+    f.node = node;
+    f.since_step = st.since_step;
+    f.since_unix_nanos = st.since_nanos;
+    double ratio = 0;
+    int count = 0;
+    const RankState* sample_rank = nullptr;
+    std::vector<int> flagged;
+    std::vector<std::string> gpu_texts;
+    for (int i = 0; i < job.world_size; ++i) {
+      const RankState& r = job.ranks[i];
+      if (!r.present || r.node != node) continue;
+      f.persistent = f.persistent || r.flagged_steps >= opt_.persistent_steps;
+      ratio += r.sum_ratio / std::max<size_t>(1, r.scores.size());
+      ++count;
+      if (r.flagged) flagged.push_back(i);
+      if (sample_rank == nullptr) sample_rank = &r;
+      // Every GPU of the node's ranks: one throttled GPU may be the whole story.
+      const GpuState* g = GpuOf(r);
+      if (g == nullptr) continue;
+      Evidence ev = GpuSlowdowns(g->last);
+      for (Cause c : ev.causes) AddCause(c, &f.causes);
+      if (!ev.texts.empty()) {
+        gpu_texts.push_back(
+            absl::StrCat("GPU ", g->last.index, ": ", absl::StrJoin(ev.texts, ", ")));
+      }
+    }
+    ratio /= std::max(1, count);
+    f.severity = ratio >= 1.5 ? Severity::kCritical : Severity::kWarning;
+    const int nflagged = static_cast<int>(flagged.size());
+    f.summary = nflagged == count
+                    ? absl::StrFormat("%s: all %d ranks slow", node, count)
+                    : absl::StrFormat("%s: %d of %d ranks slow", node, nflagged, count);
+    absl::StrAppend(&f.summary, absl::StrFormat(", busy %+.0f%% vs median", (ratio - 1) * 100));
+    bool data = false;
+    if (sample_rank != nullptr) {
+      SplitView split = SplitOf(*sample_rank);
+      data = split.data;
+      absl::StrAppend(&f.summary, "; ", split.text);
+    }
+    for (const std::string& t : gpu_texts) absl::StrAppend(&f.summary, "; ", t);
+    if (std::optional<double> cpu = SaturatedHostCpu(node)) {
+      AddCause(Cause::kHostCpu, &f.causes);
+      absl::StrAppend(&f.summary, "; host CPU ", Percent(*cpu));
+    }
+    if (data) f.causes.insert(f.causes.begin(), Cause::kDataLoading);
+    f.cause = f.causes.empty() ? Cause::kUnknown : f.causes[0];
+    // The node, not the job's partition, is at fault: drain or inspect it.
+    if (f.cause == Cause::kDataLoading) {
+      f.action = absl::StrCat("drain ", node, " or inspect its storage and data loading (more ",
+                              "data-loader workers)");
+    } else {
+      f.action = DeviceAction(f.cause, node, -1);
+    }
+    f.ranks = Bounded(std::move(flagged));
+    out->push_back(std::move(f));
+  }
+
+  void PipelineFinding(const JobState& job, std::vector<Finding>* out) const {
+    Finding f = JobFinding(FindingKind::kPipelineImbalance, job, job.imbalanced_since_step,
+                           job.imbalanced_since_nanos);
+    f.stage = job.imbalanced_stage;
+    f.summary = absl::StrFormat("stage %d takes %.1fx the other stages (busy %s vs %s)",
+                                job.imbalanced_stage, job.imbalance_ratio,
+                                Seconds(job.imbalance_stage_s), Seconds(job.imbalance_others_s));
+    std::vector<int> ranks;
+    std::set<std::string> nodes;
+    std::vector<std::string> texts;
+    std::string device_node;
+    int device_gpu = -1;
+    for (int i = 0; i < job.world_size; ++i) {
+      const RankState& r = job.ranks[i];
+      if (!r.present || r.pp_stage != job.imbalanced_stage) continue;
+      ranks.push_back(i);
+      nodes.insert(r.node);
+      const GpuState* g = GpuOf(r);
+      Evidence ev = DeviceEvidence(g, r.node);
+      if (ev.causes.empty()) continue;
+      if (f.causes.empty()) {
+        device_node = r.node;
+        device_gpu = g != nullptr ? g->last.index : -1;
+      }
+      for (Cause c : ev.causes) AddCause(c, &f.causes);
+      texts.push_back(absl::StrCat("rank ", i, " on ", r.node,
+                                   g != nullptr ? absl::StrCat(" GPU ", g->last.index) : "", ": ",
+                                   absl::StrJoin(ev.texts, ", ")));
+    }
+    if (nodes.size() == 1) {
+      f.node = *nodes.begin();
+      if (!f.node.empty()) absl::StrAppend(&f.summary, " on ", f.node);
+    } else if (!nodes.empty()) {
+      constexpr size_t kShown = 4;
+      std::vector<std::string> shown(nodes.begin(),
+                                     std::next(nodes.begin(), std::min(nodes.size(), kShown)));
+      absl::StrAppend(
+          &f.summary, "; its ranks run on ", absl::StrJoin(shown, ", "),
+          nodes.size() > kShown ? absl::StrCat(" and ", nodes.size() - kShown, " more") : "");
+    }
+    if (!f.causes.empty()) {
+      constexpr size_t kShown = 4;
+      texts.resize(std::min(texts.size(), kShown));
+      absl::StrAppend(&f.summary, "; slower devices: ", absl::StrJoin(texts, "; "));
+      f.action = DeviceAction(f.causes[0], device_node, device_gpu);
+    } else {
+      f.causes.push_back(Cause::kMoreWork);
+      absl::StrAppend(&f.summary, "; more work than the other stages");
+      f.action = absl::StrCat("move layers off stage ", job.imbalanced_stage,
+                              " to the other stages (rebalance the pipeline partition)");
+    }
+    f.cause = f.causes[0];
+    f.ranks = Bounded(std::move(ranks));
+    out->push_back(std::move(f));
+  }
+
+  // The job's largest loss in its step split: exposed communication, imbalance or data loading.
+  Cause JobLoss(const JobState& job, std::string* text) const {
+    JobSnapshot s = Snapshot(job);
+    if (!s.split_known) return Cause::kUnknown;
+    const TimeBreakdown& b = s.breakdown;
+    std::pair<double, Cause> best{0, Cause::kUnknown};
+    for (auto loss :
+         {std::pair{b.comm, Cause::kExposedComm}, std::pair{b.imbalance, Cause::kImbalance},
+          std::pair{b.data, Cause::kDataLoading}}) {
+      if (loss.first > best.first) best = loss;
+    }
+    if (best.second == Cause::kUnknown) return best.second;
+    const char* name = best.second == Cause::kExposedComm ? "exposed communication"
+                       : best.second == Cause::kImbalance ? "waiting for slower ranks"
+                                                          : "data loading";
+    *text = absl::StrCat("; largest loss: ", name, " ", Percent(best.first), " of the step");
+    return best.second;
   }
 
   void JobFindings(const JobState& job, std::vector<Finding>* out) const {
@@ -1162,37 +1458,7 @@ class Engine::Impl {
     std::set<std::string> slow_nodes;
     for (const auto& [node, st] : job.slow_nodes) {
       slow_nodes.insert(node);
-      Finding f;
-      f.kind = FindingKind::kSlowNode;
-      f.job = job.name;
-      f.node = node;
-      f.since_step = st.since_step;
-      f.since_unix_nanos = st.since_nanos;
-      double ratio = 0;
-      int count = 0, flagged = 0;
-      const RankState* sample_rank = nullptr;
-      for (int i = 0; i < job.world_size; ++i) {
-        const RankState& r = job.ranks[i];
-        if (!r.present || r.node != node) continue;
-        f.persistent = f.persistent || r.flagged_steps >= opt_.persistent_steps;
-        ratio += r.sum_ratio / std::max<size_t>(1, r.scores.size());
-        ++count;
-        flagged += r.flagged ? 1 : 0;
-        if (sample_rank == nullptr) sample_rank = &r;
-      }
-      ratio /= std::max(1, count);
-      f.severity = ratio >= 1.5 ? Severity::kCritical : Severity::kWarning;
-      f.summary = flagged == count
-                      ? absl::StrFormat("%s: all %d ranks slow", node, count)
-                      : absl::StrFormat("%s: %d of %d ranks slow", node, flagged, count);
-      absl::StrAppend(&f.summary, absl::StrFormat(", busy %+.0f%% vs median", (ratio - 1) * 100));
-      if (sample_rank != nullptr) {
-        absl::StrAppend(&f.summary, "; ", SplitCause(*sample_rank));
-        for (const std::string& c : DeviceCauses(GpuOf(*sample_rank), node)) {
-          absl::StrAppend(&f.summary, "; ", c);
-        }
-      }
-      out->push_back(std::move(f));
+      SlowNodeFinding(job, node, st, out);
     }
     for (int i = 0; i < job.world_size; ++i) {
       const RankState& r = job.ranks[i];
@@ -1201,7 +1467,9 @@ class Engine::Impl {
       f.kind = FindingKind::kStraggler;
       f.job = job.name;
       f.rank = i;
+      f.ranks = {i};
       f.node = r.node;
+      f.stage = r.pp_stage;
       const GpuState* g = GpuOf(r);
       f.gpu = r.gpu >= 0 ? r.gpu : (r.local_rank >= 0 ? r.local_rank : (g ? g->last.index : -1));
       f.since_step = r.flagged_since_step;
@@ -1212,20 +1480,11 @@ class Engine::Impl {
       f.summary = absl::StrCat("rank ", i);
       if (!r.node.empty()) absl::StrAppend(&f.summary, " on ", r.node);
       if (f.gpu >= 0) absl::StrAppend(&f.summary, " GPU ", f.gpu);
-      absl::StrAppend(&f.summary, ": ", SplitCause(r));
-      std::vector<std::string> causes = DeviceCauses(g, r.node);
-      if (!causes.empty()) absl::StrAppend(&f.summary, "; ", absl::StrJoin(causes, "; "));
+      AttributeStraggler(i, r, g, &f);
       if (!f.persistent) absl::StrAppend(&f.summary, " (transient so far)");
       out->push_back(std::move(f));
     }
-    if (job.imbalanced) {
-      Finding f = JobFinding(FindingKind::kPipelineImbalance, job, job.imbalanced_since_step,
-                             job.imbalanced_since_nanos);
-      f.summary = absl::StrFormat("stage %d takes %.1fx the other stages (busy %s vs %s)",
-                                  job.imbalanced_stage, job.imbalance_ratio,
-                                  Seconds(job.imbalance_stage_s), Seconds(job.imbalance_others_s));
-      out->push_back(std::move(f));
-    }
+    if (job.imbalanced) PipelineFinding(job, out);
     if (job.scaling_ratio && *job.scaling_ratio < opt_.scaling_threshold) {
       Finding f = JobFinding(FindingKind::kScalingEfficiency, job, job.scaling_since_step,
                              job.scaling_since_nanos);
@@ -1234,6 +1493,10 @@ class Engine::Impl {
           "scaling efficiency %s at %d GPUs: per-GPU throughput %.2fx the best at %d GPUs",
           Percent(*job.scaling_ratio), job.world_size, *job.scaling_ratio,
           job.scaling_reference_size);
+      std::string loss;
+      SetCause(&f, JobLoss(job, &loss));
+      absl::StrAppend(&f.summary, loss);
+      f.action = JobAction(f.cause);
       out->push_back(std::move(f));
     }
     if (job.regressed) {
@@ -1243,42 +1506,67 @@ class Engine::Impl {
                                   (job.regression_level / job.regression_baseline - 1) * 100,
                                   job.regressed_since_step, Seconds(job.regression_level),
                                   Seconds(job.regression_baseline));
+      SetCause(&f, job.regression_cause);
+      absl::StrAppend(&f.summary, job.regression_cause_text);
+      f.action = JobAction(f.cause);
+      if (f.cause == Cause::kUnknown && !job.regression_cause_text.empty()) {
+        f.action = "compute rose on every rank: look for a change of code, inputs or GPU clocks";
+      }
       out->push_back(std::move(f));
     }
-    if (job.stalled) {
-      Finding f = JobFinding(FindingKind::kStall, job, job.max_step, job.stalled_since_nanos);
-      f.severity = Severity::kCritical;
-      std::vector<int> silent, waiting, exited;
-      for (int i = 0; i < job.world_size; ++i) {
-        const RankState& r = job.ranks[i];
-        if (r.exited) exited.push_back(i);
-        if (!r.present || r.last_step < job.max_step) {
-          silent.push_back(i);
-        } else {
-          waiting.push_back(i);
-        }
-      }
-      f.summary = absl::StrFormat("no step progress for over %s after step %d",
-                                  Seconds(job.stall_limit_nanos / kNanosPerSecond), job.max_step);
-      auto list = [](const std::vector<int>& v) {
-        constexpr size_t kShown = 16;
-        std::string s = absl::StrJoin(v.begin(), v.begin() + std::min(v.size(), kShown), ",");
-        if (v.size() > kShown) absl::StrAppend(&s, ",... (", v.size(), " in all)");
-        return s;
-      };
-      if (silent.empty()) {
-        absl::StrAppend(&f.summary, "; all ", waiting.size(), " ranks silent since that step");
+    if (job.stalled) StallFinding(job, out);
+  }
+
+  void StallFinding(const JobState& job, std::vector<Finding>* out) const {
+    Finding f = JobFinding(FindingKind::kStall, job, job.max_step, job.stalled_since_nanos);
+    f.severity = Severity::kCritical;
+    std::vector<int> silent, waiting, exited;
+    for (int i = 0; i < job.world_size; ++i) {
+      const RankState& r = job.ranks[i];
+      if (r.exited) exited.push_back(i);
+      if (!r.present || r.last_step < job.max_step) {
+        silent.push_back(i);
       } else {
-        absl::StrAppend(&f.summary, "; silent ranks (behind): ", list(silent));
-        if (!waiting.empty()) absl::StrAppend(&f.summary, "; waiting ranks: ", list(waiting));
+        waiting.push_back(i);
       }
-      // Some processes ended while the others hang: the first to go likely crashed.
-      if (!exited.empty()) {
-        absl::StrAppend(&f.summary, exited.size() == 1 ? "; rank " : "; ranks ", list(exited),
-                        " exited (process gone)");
-      }
-      out->push_back(std::move(f));
     }
+    f.summary = absl::StrFormat("no step progress for over %s after step %d",
+                                Seconds(job.stall_limit_nanos / kNanosPerSecond), job.max_step);
+    auto list = [](const std::vector<int>& v) {
+      constexpr size_t kShown = 16;
+      std::string s = absl::StrJoin(v.begin(), v.begin() + std::min(v.size(), kShown), ",");
+      if (v.size() > kShown) absl::StrAppend(&s, ",... (", v.size(), " in all)");
+      return s;
+    };
+    if (silent.empty()) {
+      absl::StrAppend(&f.summary, "; all ", waiting.size(), " ranks silent since that step");
+    } else {
+      absl::StrAppend(&f.summary, "; silent ranks (behind): ", list(silent));
+      if (!waiting.empty()) absl::StrAppend(&f.summary, "; waiting ranks: ", list(waiting));
+    }
+    // Some processes ended while the others hang: the first to go likely crashed.
+    if (!exited.empty()) {
+      absl::StrAppend(&f.summary, exited.size() == 1 ? "; rank " : "; ranks ", list(exited),
+                      " exited (process gone)");
+      SetCause(&f, Cause::kRankExited);
+      f.action =
+          absl::StrCat("read the logs of rank", exited.size() == 1 ? " " : "s ", list(exited),
+                       " (exited); the other ranks wait for ", exited.size() == 1 ? "it" : "them");
+    } else {
+      SetCause(&f, Cause::kHang);
+      f.action =
+          "dump the stacks of the silent ranks (py-spy dump) and read their NCCL logs "
+          "(NCCL_DEBUG=INFO)";
+    }
+    // With every rank at the same step, all of them are the silent ones.
+    f.ranks = Bounded(silent.empty() ? waiting : silent);
+    out->push_back(std::move(f));
+  }
+
+  static void SetCause(Finding* f, Cause c) {
+    f->cause = c;
+    f->causes.clear();
+    if (c != Cause::kUnknown) f->causes.push_back(c);
   }
 
   // A finding about a whole job (not one rank, node or GPU).
@@ -1305,48 +1593,75 @@ class Engine::Impl {
       f.severity = Severity::kInfo;
       f.summary = absl::StrFormat("%s GPU %d: no process, %s %s for %.0f s (idle capacity)", f.node,
                                   f.gpu, what, Percent(g.value), secs);
+      SetCause(&f, Cause::kNoWork);
+      f.action = absl::StrCat("schedule work on ", f.node, " GPU ", f.gpu, " or release it");
       return f;
     }
     f.kind = FindingKind::kUnderutilizedGpu;
     f.job = g.job;
     f.rank = g.rank;
+    if (g.rank >= 0) f.ranks = {g.rank};
     f.summary =
         absl::StrFormat("%s GPU %d (rank %d): %s %s < %s for %.0f s; ", f.node, f.gpu, g.rank, what,
                         Percent(g.value), Percent(opt_.underutil_threshold), secs);
-    absl::StrAppend(&f.summary, UnderutilCause(g));
+    UnderutilCause(g, &f);
     return f;
   }
 
-  std::string UnderutilCause(const GpuState& g) const {
+  // Appends the cause to the summary and sets cause and action.
+  void UnderutilCause(const GpuState& g, Finding* f) const {
+    auto set = [f](Cause c, const std::string& text, const std::string& action) {
+      SetCause(f, c);
+      absl::StrAppend(&f->summary, text);
+      f->action = action;
+    };
     auto hit = hosts_.find(g.last.node);
     if (hit != hosts_.end() && hit->second.cpu_utilization_ratio &&
         *hit->second.cpu_utilization_ratio >= 0.9) {
-      return absl::StrCat("host CPU bound (CPU ", Percent(*hit->second.cpu_utilization_ratio), ")");
+      return set(
+          Cause::kHostCpu,
+          absl::StrCat("host CPU bound (CPU ", Percent(*hit->second.cpu_utilization_ratio), ")"),
+          absl::StrCat("find what loads ", g.last.node,
+                       "'s CPUs (input preprocessing, other processes): more CPU cores per "
+                       "GPU or lighter preprocessing"));
     }
     const GpuReading& x = g.last;
     if (x.dram_bandwidth_ratio && *x.dram_bandwidth_ratio >= 0.5 && x.sm_activity_ratio &&
         *x.sm_activity_ratio < opt_.underutil_threshold) {
-      return absl::StrCat("memory-bandwidth bound (DRAM bandwidth ",
-                          Percent(*x.dram_bandwidth_ratio), ", SM activity ",
-                          Percent(*x.sm_activity_ratio), ")");
+      return set(
+          Cause::kMemoryBandwidth,
+          absl::StrCat("memory-bandwidth bound (DRAM bandwidth ", Percent(*x.dram_bandwidth_ratio),
+                       ", SM activity ", Percent(*x.sm_activity_ratio), ")"),
+          "profile the kernels: fuse memory-bound operations or raise arithmetic "
+          "intensity (larger batch, mixed precision)");
     }
+    const std::string release = "check whether the job is idle or hung; release the GPU if idle";
     auto jit = jobs_.find(g.job);
-    if (jit == jobs_.end()) return "no work";
+    if (jit == jobs_.end()) return set(Cause::kNoWork, "no work", release);
     const JobState& job = *jit->second;
     if (job.summaries.empty() ||
         x.sampled_unix_nanos - job.last_seen_nanos > opt_.underutil_window_nanos) {
-      return "no work: the job reports no steps";
+      return set(Cause::kNoWork, "no work: the job reports no steps", release);
     }
     JobSnapshot s = Snapshot(job);
     if (s.breakdown.data >= 0.15) {
-      return absl::StrCat("waiting for input data (data ", Percent(s.breakdown.data),
-                          " of the step)");
+      return set(
+          Cause::kDataLoading,
+          absl::StrCat("waiting for input data (data ", Percent(s.breakdown.data), " of the step)"),
+          DeviceAction(Cause::kDataLoading, g.last.node, g.last.index));
     }
     if (s.breakdown.comm + s.breakdown.imbalance >= 0.3) {
-      return absl::StrCat("communication bound (exposed communication and waiting ",
-                          Percent(s.breakdown.comm + s.breakdown.imbalance), " of the step)");
+      const Cause c =
+          s.breakdown.comm >= s.breakdown.imbalance ? Cause::kExposedComm : Cause::kImbalance;
+      return set(c,
+                 absl::StrCat("communication bound (exposed communication and waiting ",
+                              Percent(s.breakdown.comm + s.breakdown.imbalance), " of the step)"),
+                 JobAction(c));
     }
-    return "cause unclear: the step split shows little waiting (small kernels or launch-bound)";
+    return set(Cause::kUnknown,
+               "cause unclear: the step split shows little waiting (small kernels or "
+               "launch-bound)",
+               "profile a step: small kernels or launch overhead (larger batch, CUDA graphs)");
   }
 
   EngineOptions opt_;
@@ -1375,6 +1690,9 @@ std::optional<FinishedJob> Engine::MarkRankExited(absl::string_view job, int ran
   return impl_->MarkRankExited(job, rank, pid, unix_nanos);
 }
 void Engine::RemoveNode(absl::string_view node) { impl_->RemoveNode(node); }
+bool Engine::RankReportedFrom(absl::string_view job, int rank, absl::string_view node) const {
+  return impl_->RankReportedFrom(job, rank, node);
+}
 std::string Engine::SerializeScalingHistory() const { return impl_->SerializeScalingHistory(); }
 absl::Status Engine::LoadScalingHistory(absl::string_view data) {
   return impl_->LoadScalingHistory(data);

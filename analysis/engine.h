@@ -86,6 +86,27 @@ const char* SeverityName(Severity severity);  // "info", "warning", "critical"
 // Names of the slowdowns in an NVML clocks-throttle-reasons bitmask, e.g. {"thermal throttling"}.
 std::vector<std::string> DecodeThrottleReasons(uint64_t mask);
 
+// Why a finding holds, as a closed vocabulary: exported as the `cause` label of
+// stepwatch_finding and the alerts, so keep the names stable.
+enum class Cause {
+  kUnknown,            // "unknown": the evidence does not single out a cause
+  kMoreWork,           // "more_work": compute excess at normal clocks and high utilization
+                       //   (uneven sharding, longer sequences, more data on this rank)
+  kThermalThrottling,  // "thermal_throttling"
+  kPowerThrottling,    // "power_throttling": power cap or power brake
+  kHardwareSlowdown,   // "hardware_slowdown"
+  kLowClocks,          // "low_clocks": SM clock well under its maximum with no reason given
+  kHostCpu,            // "host_cpu": the node's CPUs are saturated, busier than its peers'
+  kDataLoading,        // "data_loading": waiting for input data
+  kExposedComm,        // "exposed_communication": communication not hidden behind compute
+  kMemoryBandwidth,    // "memory_bandwidth": DRAM bandwidth bound
+  kNoWork,             // "no_work": the GPU's job reports no steps
+  kImbalance,          // "imbalance": ranks wait for slower peers (scaling, regression)
+  kRankExited,         // "rank_exited": a stall in which some ranks' processes are gone
+  kHang,               // "hang": a stall with every process alive
+};
+const char* CauseName(Cause cause);
+
 struct Finding {
   FindingKind kind = FindingKind::kStraggler;
   std::string job;   // empty for idle GPUs (no job)
@@ -96,7 +117,16 @@ struct Finding {
   int64_t since_unix_nanos = 0;
   Severity severity = Severity::kWarning;
   bool persistent = false;
-  // One line for humans, e.g.
+  int stage = -1;  // pipeline stage, -1 when not about one stage
+  // The primary cause, and every cause found (primary first; empty when unknown).
+  Cause cause = Cause::kUnknown;
+  std::vector<Cause> causes;
+  // What the operator should do, one line, e.g. "drain node-2 or inspect its GPUs' cooling".
+  std::string action;
+  // Ranks the finding is about: the rank itself, every flagged rank of a slow node, every rank of
+  // a slow pipeline stage, the silent ranks of a stall. Sorted, bounded (max_finding_ranks).
+  std::vector<int> ranks;
+  // One line for humans rendered from the fields above and the evidence, e.g.
   // "rank 13 on node-2 GPU 5: compute +31% vs median; SM clock 1410 of 1980 MHz, thermal
   // throttling"
   std::string summary;
@@ -120,6 +150,9 @@ struct WhatIf {
 
 struct JobSnapshot {
   std::string job;
+  // False while no rank has reported how its step splits (only step_s, and no GPU SM activity to
+  // infer it from): efficiency, breakdown and what-ifs are then unknown, not 100% compute.
+  bool split_known = false;
   int world_size = 0;
   int ranks_reporting = 0;
   int64_t last_step = -1;
@@ -144,7 +177,12 @@ struct RankSnapshot {
   double data_s = 0;
   double comm_s = 0;
   double busy_vs_median_ratio = 1;  // busy / median busy of the rank's peers
+  // Flagged: alone, as one of a slow node's ranks, or as a rank of the slowest stage of an
+  // imbalanced pipeline.
   bool straggler = false;
+  // The busy_vs_median_ratio compares with peers (with 2 peers, with the other one); false when it
+  // cannot (no other peer, or no known split), and the ratio then reads 1 but means nothing.
+  bool comparable = true;
 };
 
 // A job whose reporting ranks have all exited (MarkRankExited).
@@ -152,6 +190,9 @@ struct FinishedJob {
   std::string job;
   int ranks = 0;  // ranks that had reported, all exited
   int64_t last_step = -1;
+  // The job as it was just before it was removed, and its findings then.
+  JobSnapshot last_snapshot;
+  std::vector<Finding> last_findings;
 };
 
 struct EngineOptions {
@@ -190,6 +231,8 @@ struct EngineOptions {
   double pipeline_clear_ratio = 1.15;
   // Pending (incomplete) steps kept per job; older ones are completed with what they have.
   int max_pending_steps = 64;
+  // At most this many ranks listed in one finding's `ranks`.
+  int max_finding_ranks = 256;
 };
 
 class Engine {
@@ -226,6 +269,8 @@ class Engine {
   std::optional<FinishedJob> MarkRankExited(absl::string_view job, int rank, int pid,
                                             int64_t unix_nanos);
   void RemoveNode(absl::string_view node);
+  // Whether `rank` of `job` is known and its last step came from `node`.
+  bool RankReportedFrom(absl::string_view job, int rank, absl::string_view node) const;
 
   // Scaling history (per job name: best throughput per GPU at each world size), kept by the
   // caller in a state file so that it survives restarts.

@@ -78,6 +78,12 @@ void ToProto(const analysis::Finding& f, v1::Finding* out) {
   out->set_summary(f.summary);
   out->set_since_unix_nanos(f.since_unix_nanos);
   out->set_persistent(f.persistent);
+  out->set_cause(analysis::CauseName(f.cause));
+  for (analysis::Cause c : f.causes) out->add_causes(analysis::CauseName(c));
+  out->set_action(f.action);
+  out->set_stage(f.stage);
+  for (int r : f.ranks) out->add_ranks(r);
+  out->set_until_step(-1);
 }
 
 void ToProto(const analysis::JobSnapshot& j, int finding_count, v1::JobStatus* out) {
@@ -104,6 +110,7 @@ void ToProto(const analysis::RankSnapshot& r, v1::RankRow* out) {
   out->set_busy_vs_median_ratio(r.busy_vs_median_ratio);
   out->set_straggler(r.straggler);
   out->set_pp_stage(r.pp_stage);
+  out->set_comparable(r.comparable);
 }
 
 }  // namespace stepwatch::collector

@@ -2,6 +2,7 @@
 // Query service for stepwatchctl and /metrics for Prometheus.
 #include <signal.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "common/flags.h"
 #include "common/log.h"
 #include "common/net.h"
+#include "common/startup_checks.h"
 
 ABSL_FLAG(std::string, grpc_listen, "0.0.0.0:7070",
           "HOST:PORT for the gRPC services (Ingest from agents, Query for stepwatchctl, health). "
@@ -23,9 +25,48 @@ ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
           "HOST:PORT for Prometheus /metrics; empty disables it. Port 0 picks a free port.");
 ABSL_FLAG(std::string, state_dir, "",
           "Directory for the state file (scaling history per job name); it is loaded at start, "
-          "written every --save_interval and at shutdown. Empty: nothing survives a restart.");
+          "written every --save_interval and at shutdown; finished jobs' reports go to "
+          "DIR/reports. Empty: nothing survives a restart.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate (chain) of the collector: gRPC (Ingest and Query) is served over TLS "
+          "1.2+. Watched and reloaded when it changes. Without it gRPC is plaintext (logged "
+          "loudly at start).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: every client (agent, stepwatchctl) must present a certificate signed "
+          "by it, and an agent's batches must claim the node its certificate names (first DNS "
+          "name, else common name).");
+ABSL_FLAG(bool, verify_node_identity, true,
+          "With --tls-client-ca, refuse batches whose node is not the agent certificate's "
+          "identity. Turn off only where agents share one certificate (then any agent may "
+          "report for any node).");
+ABSL_FLAG(double, tls_reload_interval, 10,
+          "Seconds between checks of the TLS files for changes (certificate rotation).");
+ABSL_FLAG(std::string, metrics_basic_auth_file, "",
+          "File of \"USER:BCRYPT_HASH\" lines (htpasswd -nB USER): /metrics asks for HTTP basic "
+          "auth. Re-read when it changes. Empty: no authentication. For TLS, put a terminating "
+          "proxy in front (docs/security.md).");
+ABSL_FLAG(int32_t, metrics_threads, 8,
+          "Threads serving /metrics; each holds one connection at a time, idle ones for at most "
+          "10 s.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File of accepted bearer tokens, one \"ROLE TOKEN\" per line (ROLE: agent, may only "
+          "report; reader, may only query; '#' starts a comment). Re-read when it changes. "
+          "Empty: no token is required.");
+ABSL_FLAG(double, max_clock_skew, 30,
+          "Seconds: sender timestamps further than this from the collector's clock are replaced "
+          "by the collector's time and counted (stepwatch_collector_clock_skew_corrected_total), "
+          "so a node with a wrong clock cannot disturb the analysis of any job.");
 ABSL_FLAG(double, expire, 300,
           "Seconds after which a job or node that sent nothing is forgotten with its series.");
+ABSL_FLAG(double, report_retention, 604800,
+          "Seconds a finished job's report (stepwatchctl report) is kept after the job ends; "
+          "with --state-dir the reports are files under DIR/reports and survive restarts.");
+ABSL_FLAG(int32_t, max_reports, 1000,
+          "Most finished job reports kept; the oldest are dropped first.");
+ABSL_FLAG(int32_t, max_report_findings, 1000,
+          "Most findings kept in one job's report; beyond it the oldest cleared ones are dropped "
+          "(and counted in the report).");
 ABSL_FLAG(double, node_down_after, 15,
           "Seconds of silence after which stepwatch_node_up reads 0 (before --expire removes it).");
 ABSL_FLAG(int32_t, max_jobs, 1000, "Most jobs tracked; steps of further jobs are dropped.");
@@ -35,7 +76,11 @@ ABSL_FLAG(int32_t, max_nodes, 10000,
 ABSL_FLAG(int32_t, max_gpus_per_node, 64, "Most GPUs tracked per node.");
 ABSL_FLAG(int32_t, top_ranks, 5,
           "Per job, how many of the slowest ranks get per-rank series on /metrics "
-          "(stepwatch_rank_busy_vs_median_ratio); 0 disables them.");
+          "(stepwatch_rank_busy_vs_median_ratio) besides every flagged rank; 0: flagged ranks "
+          "only.");
+ABSL_FLAG(int32_t, max_rank_series, 2000,
+          "Most ranks with per-rank series on /metrics in all (flagged ranks first); those left "
+          "out are counted in stepwatch_collector_series_dropped_total{family=\"rank\"}.");
 ABSL_FLAG(int32_t, max_finding_series, 1000, "Most stepwatch_finding series on /metrics.");
 ABSL_FLAG(double, tick, 1.0,
           "Seconds between runs of the time-driven analysis (step grace, stalls, "
@@ -88,11 +133,26 @@ int main(int argc, char** argv) {
       "Flags may be spelled with dashes or underscores; durations are seconds, fractions "
       "allowed.";
   stepwatch::ParseFlagsOrExit(argc, argv, spec);
-  for (const std::string& address :
-       {absl::GetFlag(FLAGS_grpc_listen), absl::GetFlag(FLAGS_metrics_listen)}) {
+  const std::pair<const char*, std::string> listeners[] = {
+      {"--grpc-listen", absl::GetFlag(FLAGS_grpc_listen)},
+      {"--metrics-listen", absl::GetFlag(FLAGS_metrics_listen)}};
+  for (const auto& [flag, address] : listeners) {
+    if (address.empty() && std::string(flag) == "--metrics-listen") continue;  // disabled
     if (absl::StatusOr<stepwatch::HostPort> parsed = stepwatch::ParseHostPort(address);
         !parsed.ok()) {
       stepwatch::UsageError(spec.program, parsed.status().message());
+    }
+  }
+  // Before anything starts: gRPC and civetweb report a busy port only as log noise.
+  for (const auto& [flag, address] : listeners) {
+    if (address.empty()) continue;
+    if (absl::Status st = stepwatch::CheckCanListen(address); !st.ok()) {
+      stepwatch::StartupError(spec.program, absl::StrCat(flag, "=", address, ": ", st.message()));
+    }
+  }
+  if (const std::string dir = absl::GetFlag(FLAGS_state_dir); !dir.empty()) {
+    if (absl::Status st = stepwatch::EnsureWritableDirectory(dir); !st.ok()) {
+      stepwatch::StartupError(spec.program, absl::StrCat("--state-dir=", dir, ": ", st.message()));
     }
   }
 
@@ -100,11 +160,23 @@ int main(int argc, char** argv) {
   options.grpc_listen = absl::GetFlag(FLAGS_grpc_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.tls.reload_interval_seconds =
+      static_cast<unsigned int>(std::max(1.0, std::ceil(absl::GetFlag(FLAGS_tls_reload_interval))));
+  options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  options.verify_node_identity = absl::GetFlag(FLAGS_verify_node_identity);
+  options.metrics_endpoint.basic_auth_file = absl::GetFlag(FLAGS_metrics_basic_auth_file);
+  options.metrics_endpoint.threads = absl::GetFlag(FLAGS_metrics_threads);
   const std::pair<const char*, double> must_be_positive[] = {
       {"expire", absl::GetFlag(FLAGS_expire)},
       {"node_down_after", absl::GetFlag(FLAGS_node_down_after)},
+      {"report_retention", absl::GetFlag(FLAGS_report_retention)},
       {"tick", absl::GetFlag(FLAGS_tick)},
       {"save_interval", absl::GetFlag(FLAGS_save_interval)},
+      {"tls_reload_interval", absl::GetFlag(FLAGS_tls_reload_interval)},
+      {"max_clock_skew", absl::GetFlag(FLAGS_max_clock_skew)},
       {"step_grace", absl::GetFlag(FLAGS_step_grace)},
       {"underutil_window", absl::GetFlag(FLAGS_underutil_window)},
       {"stall_multiple", absl::GetFlag(FLAGS_stall_multiple)},
@@ -126,6 +198,8 @@ int main(int argc, char** argv) {
       {"max_ranks_per_job", absl::GetFlag(FLAGS_max_ranks_per_job)},
       {"max_nodes", absl::GetFlag(FLAGS_max_nodes)},
       {"max_gpus_per_node", absl::GetFlag(FLAGS_max_gpus_per_node)},
+      {"max_reports", absl::GetFlag(FLAGS_max_reports)},
+      {"max_report_findings", absl::GetFlag(FLAGS_max_report_findings)},
       {"window_steps", absl::GetFlag(FLAGS_window_steps)},
       {"straggler_window", absl::GetFlag(FLAGS_straggler_window)},
   };
@@ -136,8 +210,9 @@ int main(int argc, char** argv) {
     }
   }
   if (absl::GetFlag(FLAGS_shutdown_grace) < 0 || absl::GetFlag(FLAGS_max_finding_series) < 0 ||
-      absl::GetFlag(FLAGS_top_ranks) < 0) {
-    SW_LOG_ERROR << "--shutdown_grace, --max_finding_series and --top_ranks must not be negative";
+      absl::GetFlag(FLAGS_top_ranks) < 0 || absl::GetFlag(FLAGS_max_rank_series) < 0) {
+    SW_LOG_ERROR << "--shutdown_grace, --max_finding_series, --top_ranks and --max_rank_series "
+                    "must not be negative";
     return 2;
   }
   options.tick_nanos = SecondsToNanos(absl::GetFlag(FLAGS_tick));
@@ -145,12 +220,18 @@ int main(int argc, char** argv) {
   options.metrics.max_finding_series = absl::GetFlag(FLAGS_max_finding_series);
   stepwatch::collector::CollectorStateOptions& st = options.state;
   st.expire_nanos = SecondsToNanos(absl::GetFlag(FLAGS_expire));
+  st.max_clock_skew_nanos = SecondsToNanos(absl::GetFlag(FLAGS_max_clock_skew));
   st.node_down_nanos = SecondsToNanos(absl::GetFlag(FLAGS_node_down_after));
   st.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   st.max_ranks_per_job = absl::GetFlag(FLAGS_max_ranks_per_job);
   st.max_nodes = absl::GetFlag(FLAGS_max_nodes);
   st.max_gpus_per_node = absl::GetFlag(FLAGS_max_gpus_per_node);
   st.top_ranks_per_job = absl::GetFlag(FLAGS_top_ranks);
+  if (!options.state_dir.empty()) st.reports.dir = absl::StrCat(options.state_dir, "/reports");
+  st.reports.retention_nanos = SecondsToNanos(absl::GetFlag(FLAGS_report_retention));
+  st.reports.max_reports = absl::GetFlag(FLAGS_max_reports);
+  st.reports.max_findings_per_report = absl::GetFlag(FLAGS_max_report_findings);
+  st.max_rank_series = absl::GetFlag(FLAGS_max_rank_series);
   st.engine.window_steps = absl::GetFlag(FLAGS_window_steps);
   st.engine.step_grace_nanos = SecondsToNanos(absl::GetFlag(FLAGS_step_grace));
   st.engine.underutil_threshold = absl::GetFlag(FLAGS_underutil_threshold);

@@ -1,5 +1,6 @@
 #include "collector/metrics.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <tuple>
@@ -62,9 +63,6 @@ void AddJobs(const StateSnapshot& s, Builder* b) {
     b->Gauge("stepwatch_job_samples_per_second",
              "Samples per second over all ranks; 0 when ranks report no samples.", job,
              j.samples_per_second);
-    b->Gauge("stepwatch_job_efficiency_ratio",
-             "Ideal step time (median busy time) / actual step time; 0 when unknown.", job,
-             j.efficiency_ratio);
     b->Gauge("stepwatch_job_world_size", "Number of ranks in the job.", job, j.world_size);
     b->Gauge("stepwatch_job_ranks_reporting", "Ranks that reported recently.", job,
              j.ranks_reporting);
@@ -72,6 +70,20 @@ void AddJobs(const StateSnapshot& s, Builder* b) {
              static_cast<double>(j.last_step));
     b->Gauge("stepwatch_job_last_seen_timestamp_seconds",
              "When the job last reported a step, Unix seconds.", job, j.last_seen_unix_nanos / 1e9);
+    b->Gauge("stepwatch_job_split_known",
+             "1 when ranks report how their step splits (or SM activity stands in for it); 0: "
+             "efficiency, time shares and what-ifs are unknown and left out.",
+             job, j.split_known ? 1 : 0);
+    if (j.scaling_efficiency_ratio.has_value()) {
+      b->Gauge("stepwatch_job_scaling_efficiency_ratio",
+               "Per-GPU throughput vs the best per-GPU throughput at a smaller world size.", job,
+               *j.scaling_efficiency_ratio);
+    }
+    // Without the split, these would read as 100% compute: absent means unknown.
+    if (!j.split_known) continue;
+    b->Gauge("stepwatch_job_efficiency_ratio",
+             "Ideal step time (median busy time) / actual step time; absent when unknown.", job,
+             j.efficiency_ratio);
     const std::pair<const char*, double> components[] = {{"compute", j.breakdown.compute},
                                                          {"imbalance", j.breakdown.imbalance},
                                                          {"comm", j.breakdown.comm},
@@ -90,23 +102,26 @@ void AddJobs(const StateSnapshot& s, Builder* b) {
                "Estimated speed-up if the cause were fixed: stragglers, overlap, data.",
                {{"fix", fix}, {"job", j.job}}, value);
     }
-    if (j.scaling_efficiency_ratio.has_value()) {
-      b->Gauge("stepwatch_job_scaling_efficiency_ratio",
-               "Per-GPU throughput vs the best per-GPU throughput at a smaller world size.", job,
-               *j.scaling_efficiency_ratio);
-    }
   }
 }
 
-void AddTopRanks(const StateSnapshot& s, Builder* b) {
+void AddRanks(const StateSnapshot& s, Builder* b) {
   for (const auto& [job, r] : s.top_ranks) {
     const Labels labels{{"job", job}, {"node", r.node}, {"rank", RankLabel(r.rank)}};
+    if (r.straggler) {
+      b->Gauge("stepwatch_straggler",
+               "1 while the rank is flagged: alone, in a slow node or in the slowest stage of an "
+               "imbalanced pipeline.",
+               labels, 1);
+    }
     b->Gauge("stepwatch_rank_busy_vs_median_ratio",
-             "Busy time (data + compute) of the job's slowest ranks relative to their peers' "
-             "median; only the top ranks of each job are exported.",
+             "Busy time (data + compute) relative to the rank's peers' median, for every flagged "
+             "rank and each job's slowest ranks.",
              labels, r.busy_vs_median_ratio);
     b->Gauge("stepwatch_rank_busy_seconds",
-             "Median busy time (data + compute) of the job's slowest ranks.", labels, r.busy_s);
+             "Median busy time (data + compute), for every flagged rank and each job's slowest "
+             "ranks.",
+             labels, r.busy_s);
   }
 }
 
@@ -117,23 +132,23 @@ void AddFindings(const StateSnapshot& s, const MetricsOptions& o, Builder* b) {
     const std::string kind = analysis::FindingKindName(f.kind);
     const std::string severity = analysis::SeverityName(f.severity);
     ++counts[{f.job, kind, severity}];
-    if (f.kind == analysis::FindingKind::kStraggler && f.rank >= 0) {
-      b->Gauge("stepwatch_straggler", "1 while the rank is flagged as a straggler.",
-               {{"job", f.job}, {"node", f.node}, {"rank", RankLabel(f.rank)}}, 1);
-    }
     if (f.kind == analysis::FindingKind::kUnderutilizedGpu) {
       b->Gauge("stepwatch_gpu_underutilized", "1 while the GPU is flagged underutilized.",
                {{"gpu", RankLabel(f.gpu)}, {"job", f.job}, {"node", f.node}}, 1);
     }
     if (finding_series < o.max_finding_series) {
       ++finding_series;
-      b->Gauge("stepwatch_finding", "1 per active finding (bounded in number).",
-               {{"gpu", RankLabel(f.gpu)},
+      b->Gauge("stepwatch_finding",
+               "1 per active finding (bounded in number); cause is the primary cause, stage the "
+               "pipeline stage (empty when none).",
+               {{"cause", analysis::CauseName(f.cause)},
+                {"gpu", RankLabel(f.gpu)},
                 {"job", f.job},
                 {"kind", kind},
                 {"node", f.node},
                 {"rank", RankLabel(f.rank)},
-                {"severity", severity}},
+                {"severity", severity},
+                {"stage", RankLabel(f.stage)}},
                1);
     }
   }
@@ -268,6 +283,27 @@ void AddCollectorHealth(const StateSnapshot& s, Builder* b) {
     b->Counter("stepwatch_collector_expired_total", kExpired, {{"kind", kind}},
                it == c.expired.end() ? 0 : it->second);
   }
+  const char* kRefused =
+      "Calls and batches refused: unauthenticated, permission_denied (a token of another role), "
+      "node_mismatch (a batch for another node than its certificate), rank_exit_foreign (the "
+      "exit of a rank its node never reported).";
+  for (const char* reason :
+       {"unauthenticated", "permission_denied", "node_mismatch", "rank_exit_foreign"}) {
+    auto it = c.refused.find(reason);
+    b->Counter("stepwatch_collector_requests_refused_total", kRefused, {{"reason", reason}},
+               it == c.refused.end() ? 0 : it->second);
+  }
+  const char* kSeriesDropped =
+      "Series left out of /metrics by a cap, summed over scrapes, by family: rank (the per-rank "
+      "series, --max-rank-series), finding (stepwatch_finding, --max-finding-series).";
+  b->Counter("stepwatch_collector_series_dropped_total", kSeriesDropped, {{"family", "rank"}},
+             c.rank_series_dropped);
+  b->Counter("stepwatch_collector_series_dropped_total", kSeriesDropped, {{"family", "finding"}},
+             c.finding_series_dropped);
+  b->Counter("stepwatch_collector_clock_skew_corrected_total",
+             "Sender timestamps replaced by the collector's time because they were further than "
+             "--max-clock-skew from its clock.",
+             {}, c.clock_skew_corrected);
   b->Counter("stepwatch_collector_rank_exits_received_total",
              "Rank exits reported by agents (the rank's sender process was gone).", {},
              c.rank_exits_received);
@@ -285,7 +321,7 @@ std::vector<MetricFamily> BuildMetricFamilies(const StateSnapshot& snapshot,
                                               const MetricsOptions& options) {
   Builder b;
   AddJobs(snapshot, &b);
-  AddTopRanks(snapshot, &b);
+  AddRanks(snapshot, &b);
   AddFindings(snapshot, options, &b);
   AddNodes(snapshot, &b);
   AddCollectorHealth(snapshot, &b);
@@ -293,7 +329,11 @@ std::vector<MetricFamily> BuildMetricFamilies(const StateSnapshot& snapshot,
 }
 
 std::vector<MetricFamily> StateCollectable::Collect() const {
-  return BuildMetricFamilies(state_->Snapshot(), options_);
+  StateSnapshot snapshot = state_->Snapshot();
+  const size_t cap = static_cast<size_t>(std::max(0, options_.max_finding_series));
+  if (snapshot.findings.size() > cap) finding_series_dropped_ += snapshot.findings.size() - cap;
+  snapshot.counters.finding_series_dropped = finding_series_dropped_.load();
+  return BuildMetricFamilies(snapshot, options_);
 }
 
 }  // namespace stepwatch::collector

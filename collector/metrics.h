@@ -3,6 +3,8 @@
 // nothing is kept per step.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -31,6 +33,8 @@ class StateCollectable : public prometheus::Collectable {
  private:
   const CollectorState* const state_;
   const MetricsOptions options_;
+  // Findings left out of stepwatch_finding by max_finding_series, summed over scrapes.
+  mutable std::atomic<uint64_t> finding_series_dropped_{0};
 };
 
 }  // namespace stepwatch::collector

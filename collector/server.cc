@@ -17,12 +17,34 @@
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "prometheus/exposer.h"
 
 namespace stepwatch::collector {
 namespace {
 
 constexpr char kStateFileName[] = "scaling_history";
+
+// Says at start, where operators look, who can write to and read from this collector.
+void LogSecurityPosture(const CollectorServerOptions& o, bool tokens) {
+  if (!security::Enabled(o.tls)) {
+    SW_LOG_WARNING << "*** gRPC is PLAINTEXT (no --tls-cert/--tls-key): anyone who can reach "
+                   << o.grpc_listen << " can read every finding"
+                   << (tokens ? " and sniff the bearer tokens"
+                              : ", report forged steps and GPU "
+                                "readings, and page people")
+                   << ". Use TLS with client certificates outside a trusted test network. ***";
+  } else if (o.tls.client_ca_file.empty()) {
+    SW_LOG_WARNING << "gRPC over TLS without client certificates (no --tls-client-ca): a batch's "
+                      "node name is not verified"
+                   << (tokens ? "" : ", and any client may report and query");
+  } else {
+    SW_LOG_INFO << "gRPC over TLS; clients must present a certificate of " << o.tls.client_ca_file
+                << "; a batch's node must match its certificate";
+  }
+  if (tokens) {
+    SW_LOG_INFO << "bearer tokens required (" << o.auth_token_file
+                << "): agent tokens may only report, reader tokens may only query";
+  }
+}
 
 // gRPC and civetweb both want IPv6 hosts in brackets; ":PORT" means every interface.
 std::string JoinHostPort(const HostPort& hp) {
@@ -97,11 +119,26 @@ absl::Status CollectorServer::Init() {
   }
 
   SW_ASSIGN_OR_RETURN(HostPort grpc_hp, ParseHostPort(options_.grpc_listen));
-  ingest_ = std::make_unique<IngestService>(state_.get());
-  query_ = std::make_unique<QueryService>(state_.get());
+  SW_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                      security::MakeServerCredentials(options_.tls));
+  std::unique_ptr<security::TokenStore> tokens;
+  if (!options_.auth_token_file.empty()) {
+    absl::StatusOr<std::unique_ptr<security::TokenStore>> opened =
+        security::TokenStore::Open(options_.auth_token_file);
+    if (!opened.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--auth-token-file=", options_.auth_token_file,
+                                                     ": ", opened.status().message()));
+    }
+    tokens = *std::move(opened);
+  }
+  LogSecurityPosture(options_, tokens != nullptr);
+  authorizer_ = std::make_unique<security::Authorizer>(std::move(tokens));
+  ingest_ = std::make_unique<IngestService>(state_.get(), authorizer_.get(),
+                                            options_.verify_node_identity);
+  query_ = std::make_unique<QueryService>(state_.get(), authorizer_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(JoinHostPort(grpc_hp), grpc::InsecureServerCredentials(), &grpc_port_);
+  builder.AddListeningPort(JoinHostPort(grpc_hp), credentials, &grpc_port_);
   builder.RegisterService(ingest_.get());
   builder.RegisterService(query_.get());
   // Without this a second collector on the same port would silently share it.
@@ -125,18 +162,21 @@ absl::Status CollectorServer::Init() {
 
   if (!options_.metrics_listen.empty()) {
     SW_ASSIGN_OR_RETURN(HostPort metrics_hp, ParseHostPort(options_.metrics_listen));
-    try {
-      exposer_ = std::make_unique<prometheus::Exposer>(JoinHostPort(metrics_hp), 2);
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot listen for /metrics on ", options_.metrics_listen, ": ", e.what()));
-    }
     collectable_ = std::make_shared<StateCollectable>(state_.get(), options_.metrics);
-    exposer_->RegisterCollectable(collectable_);
-    const std::vector<int> ports = exposer_->GetListeningPorts();
-    metrics_port_ = ports.empty() ? 0 : ports.front();
+    security::MetricsEndpointOptions endpoint = options_.metrics_endpoint;
+    endpoint.listen = options_.metrics_listen;
+    absl::StatusOr<std::unique_ptr<security::MetricsEndpoint>> started =
+        security::MetricsEndpoint::Start(endpoint, collectable_);
+    if (!started.ok()) {
+      if (absl::IsInvalidArgument(started.status())) return started.status();
+      return absl::UnavailableError(absl::StrCat("cannot listen for /metrics on ",
+                                                 options_.metrics_listen, ": ",
+                                                 started.status().message()));
+    }
+    metrics_endpoint_ = *std::move(started);
+    metrics_port_ = metrics_endpoint_->port();
     SW_LOG_INFO << "metrics listening on http://" << JoinHostPort({metrics_hp.host, metrics_port_})
-                << "/metrics";
+                << "/metrics" << (endpoint.basic_auth_file.empty() ? "" : " (basic auth)");
   }
 
   ticker_ = std::thread([this] { TickerLoop(); });
@@ -193,12 +233,12 @@ void CollectorServer::Shutdown(int64_t grace_nanos) {
 }
 
 void CollectorServer::StopExposer() {
-  if (exposer_ == nullptr) return;
+  if (metrics_endpoint_ == nullptr) return;
   // The HTTP server notices a stop request only when its listener wakes up, which it does every
   // 2 s or on a connection: connect to it so that shutdown does not sit out the 2 s.
   std::atomic<bool> stopped{false};
   std::thread stopper([this, &stopped] {
-    exposer_.reset();
+    metrics_endpoint_.reset();
     stopped.store(true);
   });
   absl::StatusOr<HostPort> hp = ParseHostPort(options_.metrics_listen);

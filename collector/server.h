@@ -14,12 +14,12 @@
 #include "collector/service.h"
 #include "collector/state.h"
 #include "common/clock.h"
+#include "security/authorizer.h"
+#include "security/metrics_endpoint.h"
+#include "security/tls_credentials.h"
 
 namespace grpc {
 class Server;
-}
-namespace prometheus {
-class Exposer;
 }
 
 namespace stepwatch::collector {
@@ -36,6 +36,15 @@ struct CollectorServerOptions {
   // How often the state file is written (it is also written at shutdown).
   int64_t save_interval_nanos = 60'000'000'000;
   int max_message_bytes = 64 << 20;
+  // TLS for gRPC (plaintext when no certificate is given) and, optionally, client certificates.
+  security::ServerTlsConfig tls;
+  // With client certificates, a batch's node must be the certificate's identity. Off only where
+  // agents share one certificate.
+  bool verify_node_identity = true;
+  // Bearer tokens with roles ("ROLE TOKEN" lines); empty: no token is required.
+  std::string auth_token_file;
+  // /metrics threads, timeout, TLS and basic auth (its `listen` is metrics_listen).
+  security::MetricsEndpointOptions metrics_endpoint;
   CollectorStateOptions state;
   MetricsOptions metrics;
 };
@@ -70,11 +79,12 @@ class CollectorServer {
   const CollectorServerOptions options_;
   const Clock* const clock_;
   std::unique_ptr<CollectorState> state_;
+  std::unique_ptr<security::Authorizer> authorizer_;
   std::unique_ptr<IngestService> ingest_;
   std::unique_ptr<QueryService> query_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<StateCollectable> collectable_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<security::MetricsEndpoint> metrics_endpoint_;
   int grpc_port_ = 0;
   int metrics_port_ = 0;
 

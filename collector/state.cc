@@ -1,13 +1,42 @@
 #include "collector/state.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "collector/convert.h"
 #include "common/log.h"
+#include "common/text.h"
 
 namespace stepwatch::collector {
+namespace {
+
+// Label values (job, node) are bounded: longer ones are refused, not truncated, so that two
+// distinct names cannot collide.
+constexpr size_t kMaxNameBytes = 256;
+constexpr double kMaxSeconds = 86400;
+
+bool ValidSeconds(double s) { return std::isfinite(s) && s >= 0 && s <= kMaxSeconds; }
+
+// The step event contract (DESIGN.md), checked again here: a batch need not come from a real agent.
+bool ValidStepEvent(const v1::StepEvent& e) {
+  if (e.job().empty() || e.job().size() > kMaxNameBytes ||
+      FindControlCharacter(e.job()) != absl::string_view::npos) {
+    return false;
+  }
+  if (e.world_size() <= 0 || e.rank() < 0 || e.rank() >= e.world_size() || e.step() < 0) {
+    return false;
+  }
+  if (!ValidSeconds(e.step_s()) || e.step_s() == 0) return false;
+  if (e.has_data_s() && !ValidSeconds(e.data_s())) return false;
+  if (e.has_compute_s() && !ValidSeconds(e.compute_s())) return false;
+  if (e.has_comm_s() && !ValidSeconds(e.comm_s())) return false;
+  if (e.has_samples() && e.samples() < 0) return false;
+  return true;
+}
+
+}  // namespace
 namespace {
 
 analysis::EngineOptions EngineOptionsWithLimits(const CollectorStateOptions& o) {
@@ -25,7 +54,18 @@ CollectorState::CollectorState(CollectorStateOptions options, const Clock* clock
     : options_(std::move(options)),
       clock_(clock),
       engine_(EngineOptionsWithLimits(options_)),
-      deduper_(options_.dedupe) {}
+      deduper_(options_.dedupe),
+      reports_(options_.reports) {
+  // Never fatal: without its directory the collector still keeps reports in memory.
+  if (absl::Status st = reports_.Load(clock_->NowUnixNanos()); !st.ok()) {
+    SW_LOG_WARNING << "job reports will not survive a restart: " << st;
+  }
+}
+
+void CollectorState::CountRefused(const char* reason) {
+  absl::MutexLock lock(&mu_);
+  ++counters_.refused[reason];
+}
 
 void CollectorState::CountIngestError() {
   absl::MutexLock lock(&mu_);
@@ -58,8 +98,26 @@ bool CollectorState::AdmitStep(const v1::StepEvent& event, int64_t now) {
     }
     job.ranks.insert(event.rank());
   }
+  if (job.first_step < 0 || event.step() < job.first_step) job.first_step = event.step();
+  if (job.first_seen_unix_nanos == 0) job.first_seen_unix_nanos = now;
   job.last_seen_unix_nanos = now;
   return true;
+}
+
+int64_t CollectorState::TrustedTime(int64_t sender, int64_t now, const std::string& node) {
+  if (sender == 0) return now;
+  const int64_t skew = sender > now ? sender - now : now - sender;
+  if (skew <= options_.max_clock_skew_nanos) return sender;
+  ++counters_.clock_skew_corrected;
+  uint64_t suppressed = 0;
+  if (skew_log_limiter_.Allow(&suppressed)) {
+    SW_LOG_WARNING << "node " << node << " sent a timestamp " << (sender > now ? "+" : "-")
+                   << skew / 1'000'000'000 << " s off the collector's clock; using the "
+                   << "collector's time (check NTP on that node)"
+                   << (suppressed > 0 ? absl::StrCat(" [", suppressed, " similar suppressed]")
+                                      : std::string());
+  }
+  return now;
 }
 
 CollectorState::NodeTrack* CollectorState::TouchNode(const v1::ReportBatch& batch, int64_t now) {
@@ -94,6 +152,15 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
     CountIngestError();
     return absl::InvalidArgumentError("ReportBatch needs agent_id, boot_id and seq >= 1");
   }
+  // Node names and agent ids become label values and are printed by stepwatchctl.
+  for (const std::string* name : {&batch.node().node(), &batch.agent_id()}) {
+    if (name->size() > kMaxNameBytes || FindControlCharacter(*name) != absl::string_view::npos) {
+      CountIngestError();
+      return absl::InvalidArgumentError(absl::StrCat("node name or agent id longer than ",
+                                                     kMaxNameBytes,
+                                                     " bytes or with control characters"));
+    }
+  }
   const int64_t now = clock_->NowUnixNanos();
   absl::MutexLock lock(&mu_);
   ++counters_.batches_received;
@@ -113,11 +180,18 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
 
   for (const v1::StepEvent& event : batch.steps()) {
     ++counters_.steps_received;
+    // Validated before admission, so that invalid steps cannot take job or rank slots.
+    if (!ValidStepEvent(event)) {
+      ++counters_.steps_rejected["invalid"];
+      continue;
+    }
     if (!AdmitStep(event, now)) {
       ++counters_.steps_rejected["limit"];
       continue;
     }
     FillStepSample(event, node_name, now, &scratch_step_);
+    scratch_step_.received_unix_nanos =
+        TrustedTime(scratch_step_.received_unix_nanos, now, node_name);
     absl::Status st = engine_.AddStep(scratch_step_);
     if (!st.ok()) {
       ++counters_.steps_rejected[absl::IsResourceExhausted(st) ? "limit" : "invalid"];
@@ -145,12 +219,16 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
       } else {
         node->view.gpus[slot->second] = gpu;
       }
-      engine_.AddGpu(ToGpuReading(gpu, node_name));
+      analysis::GpuReading reading = ToGpuReading(gpu, node_name);
+      reading.sampled_unix_nanos = TrustedTime(reading.sampled_unix_nanos, now, node_name);
+      engine_.AddGpu(reading);
     }
     if (batch.has_host()) {
       ++counters_.host_samples_received;
       node->view.host = batch.host();
-      engine_.AddHost(ToHostReading(batch.host(), node_name));
+      analysis::HostReading reading = ToHostReading(batch.host(), node_name);
+      reading.sampled_unix_nanos = TrustedTime(reading.sampled_unix_nanos, now, node_name);
+      engine_.AddHost(reading);
     }
   } else if (batch.has_host()) {
     ++counters_.host_samples_received;
@@ -159,9 +237,17 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
   // After the steps: the agent reports an exit after every step the process sent.
   for (const v1::RankExit& exit : batch.rank_exits()) {
     ++counters_.rank_exits_received;
+    // Agents report exits only of processes they saw send (pid > 0), and only for ranks their
+    // own node reported: anything else would let one node end another's job, stall and all.
+    if (exit.pid() <= 0 || !engine_.RankReportedFrom(exit.job(), exit.rank(), node_name)) {
+      ++counters_.refused["rank_exit_foreign"];
+      continue;
+    }
     std::optional<analysis::FinishedJob> done =
-        engine_.MarkRankExited(exit.job(), exit.rank(), exit.pid(), ExitedUnixNanos(exit, now));
+        engine_.MarkRankExited(exit.job(), exit.rank(), exit.pid(),
+                               TrustedTime(ExitedUnixNanos(exit, now), now, node_name));
     if (!done.has_value()) continue;
+    FinishReport(done->last_snapshot, done->last_findings, "exited", now);
     SW_LOG_INFO << "job " << done->job << " finished: all " << done->ranks
                 << " ranks exited (last step " << done->last_step << ")";
     jobs_.erase(done->job);
@@ -172,13 +258,56 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
 
 void CollectorState::Tick() {
   const int64_t now = clock_->NowUnixNanos();
+  AdvanceAndExpire(now);
+  reports_.Prune(now);
+  // Outside mu_: disk latency must not hold up ingest.
+  if (int failures = reports_.Flush(); failures > 0) {
+    absl::MutexLock lock(&mu_);
+    counters_.state_save_errors += failures;
+  }
+}
+
+void CollectorState::ObserveReports(int64_t now) {
+  absl::flat_hash_map<std::string, std::vector<analysis::Finding>> by_job;
+  for (analysis::Finding& f : engine_.Findings()) {
+    if (!f.job.empty()) by_job[f.job].push_back(std::move(f));
+  }
+  const std::vector<analysis::Finding> none;
+  for (const analysis::JobSnapshot& job : engine_.Jobs()) {
+    auto found = by_job.find(job.job);
+    reports_.Observe(job, found == by_job.end() ? none : found->second, SpanOf(job.job), now);
+  }
+}
+
+void CollectorState::FinishReport(const analysis::JobSnapshot& job,
+                                  const std::vector<analysis::Finding>& findings,
+                                  const char* reason, int64_t now) {
+  reports_.Finish(job, findings, SpanOf(job.job), reason, now);
+}
+
+JobSpan CollectorState::SpanOf(const std::string& job) const {
+  auto track = jobs_.find(job);
+  if (track == jobs_.end()) return JobSpan{};
+  return JobSpan{track->second.first_step, track->second.first_seen_unix_nanos};
+}
+
+void CollectorState::AdvanceAndExpire(int64_t now) {
   const int64_t cutoff = now - options_.expire_nanos;
   absl::MutexLock lock(&mu_);
   engine_.Advance(now);
+  ObserveReports(now);
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     if (it->second.last_seen_unix_nanos < cutoff) {
       SW_LOG_INFO << "job " << it->first << " unseen for " << options_.expire_nanos / 1'000'000'000
                   << " s: forgetting it";
+      if (std::optional<analysis::JobSnapshot> snap = engine_.Job(it->first); snap.has_value()) {
+        std::vector<analysis::Finding> findings = engine_.Findings();
+        findings.erase(
+            std::remove_if(findings.begin(), findings.end(),
+                           [&](const analysis::Finding& f) { return f.job != snap->job; }),
+            findings.end());
+        FinishReport(*snap, findings, "expired", now);
+      }
       engine_.RemoveJob(it->first);
       ++counters_.expired["job"];
       jobs_.erase(it++);
@@ -257,16 +386,19 @@ absl::StatusOr<v1::ExplainResponse> CollectorState::Explain(absl::string_view jo
     ToProto(f, out.add_findings());
   }
   ToProto(*snap, count, out.mutable_job());
-  auto& tr = *out.mutable_time_ratio();
-  tr["compute"] = snap->breakdown.compute;
-  tr["imbalance"] = snap->breakdown.imbalance;
-  tr["comm"] = snap->breakdown.comm;
-  tr["data"] = snap->breakdown.data;
-  tr["other"] = snap->breakdown.other;
-  auto& wi = *out.mutable_whatif_speedup_ratio();
-  wi["stragglers"] = snap->whatif.stragglers;
-  wi["overlap"] = snap->whatif.overlap;
-  wi["data"] = snap->whatif.data;
+  // Unknown (no rank reported how its step splits) stays unknown: empty maps, not 100% compute.
+  if (snap->split_known) {
+    auto& tr = *out.mutable_time_ratio();
+    tr["compute"] = snap->breakdown.compute;
+    tr["imbalance"] = snap->breakdown.imbalance;
+    tr["comm"] = snap->breakdown.comm;
+    tr["data"] = snap->breakdown.data;
+    tr["other"] = snap->breakdown.other;
+    auto& wi = *out.mutable_whatif_speedup_ratio();
+    wi["stragglers"] = snap->whatif.stragglers;
+    wi["overlap"] = snap->whatif.overlap;
+    wi["data"] = snap->whatif.data;
+  }
   if (snap->scaling_efficiency_ratio.has_value()) {
     out.set_scaling_efficiency_ratio(*snap->scaling_efficiency_ratio);
   }
@@ -282,24 +414,54 @@ StateSnapshot CollectorState::Snapshot() const {
   absl::MutexLock lock(&mu_);
   s.jobs = engine_.Jobs();
   s.findings = engine_.Findings();
-  if (options_.top_ranks_per_job > 0) {
-    for (const analysis::JobSnapshot& job : s.jobs) {
-      std::vector<analysis::RankSnapshot> ranks = engine_.Ranks(job.job);
-      const size_t k = std::min(ranks.size(), static_cast<size_t>(options_.top_ranks_per_job));
-      std::partial_sort(ranks.begin(), ranks.begin() + k, ranks.end(),
-                        [](const analysis::RankSnapshot& a, const analysis::RankSnapshot& b) {
-                          if (a.busy_vs_median_ratio != b.busy_vs_median_ratio) {
-                            return a.busy_vs_median_ratio > b.busy_vs_median_ratio;
-                          }
-                          return a.rank < b.rank;
-                        });
-      for (size_t i = 0; i < k; ++i) s.top_ranks.emplace_back(job.job, std::move(ranks[i]));
-    }
-  }
+  SelectRankSeries(s.jobs, &s.top_ranks);
   s.nodes.reserve(nodes_.size());
   for (const auto& [name, track] : nodes_) s.nodes.push_back(track.view);
   s.counters = counters_;
+  s.counters.rank_series_dropped = rank_series_dropped_;
   return s;
+}
+
+void CollectorState::SelectRankSeries(
+    const std::vector<analysis::JobSnapshot>& jobs,
+    std::vector<std::pair<std::string, analysis::RankSnapshot>>* out) const {
+  const auto slower = [](const analysis::RankSnapshot& a, const analysis::RankSnapshot& b) {
+    if (a.busy_vs_median_ratio != b.busy_vs_median_ratio) {
+      return a.busy_vs_median_ratio > b.busy_vs_median_ratio;
+    }
+    return a.rank < b.rank;
+  };
+  const size_t cap = static_cast<size_t>(std::max(0, options_.max_rank_series));
+  const size_t top_k = static_cast<size_t>(std::max(0, options_.top_ranks_per_job));
+  // Flagged ranks of every job come first, so that the cap never hides a verdict behind a merely
+  // slow rank; then each job's slowest unflagged ranks.
+  std::vector<std::vector<analysis::RankSnapshot>> rest(jobs.size());
+  uint64_t dropped = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    std::vector<analysis::RankSnapshot> ranks = engine_.Ranks(jobs[j].job);
+    std::sort(ranks.begin(), ranks.end(), slower);
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i].straggler) {
+        if (out->size() < cap) {
+          out->emplace_back(jobs[j].job, std::move(ranks[i]));
+        } else {
+          ++dropped;
+        }
+      } else if (i < top_k) {
+        rest[j].push_back(std::move(ranks[i]));
+      }
+    }
+  }
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    for (analysis::RankSnapshot& r : rest[j]) {
+      if (out->size() < cap) {
+        out->emplace_back(jobs[j].job, std::move(r));
+      } else {
+        ++dropped;
+      }
+    }
+  }
+  rank_series_dropped_ += dropped;
 }
 
 std::string CollectorState::SerializeScalingHistory() const {

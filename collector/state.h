@@ -19,7 +19,9 @@
 #include "absl/synchronization/mutex.h"
 #include "analysis/engine.h"
 #include "collector/dedupe.h"
+#include "collector/report_store.h"
 #include "common/clock.h"
+#include "common/log.h"
 #include "stepwatch/v1/stepwatch.pb.h"
 
 namespace stepwatch::collector {
@@ -28,6 +30,10 @@ struct CollectorStateOptions {
   analysis::EngineOptions engine;
   // Jobs and nodes unseen for this long are forgotten, with their series.
   int64_t expire_nanos = 300'000'000'000;
+  // Sender timestamps (step receipt, GPU and host samples, rank exits) further than this from the
+  // collector's clock are replaced by the collector's time and counted: one node with a wrong
+  // clock, or one hostile batch, must not move the engine's notion of now for every job.
+  int64_t max_clock_skew_nanos = 30'000'000'000;
   // A node is reported down (stepwatch_node_up 0) when unseen for this long.
   int64_t node_down_nanos = 15'000'000'000;
   // Limits; what would exceed one is dropped and counted in limit_hits{limit}.
@@ -35,10 +41,14 @@ struct CollectorStateOptions {
   int max_ranks_per_job = 65536;
   int max_nodes = 10000;
   int max_gpus_per_node = 64;
-  // Per job, the ranks furthest above their peers' median busy time exported per rank on /metrics
-  // (flagged ranks are exported anyway, through stepwatch_straggler).
+  // Per-rank series on /metrics: every flagged rank, plus per job the top_ranks_per_job ranks
+  // furthest above their peers' median busy time, at most max_rank_series ranks in all (flagged
+  // ranks first); ranks left out are counted in CollectorCounters::rank_series_dropped.
   int top_ranks_per_job = 5;
+  int max_rank_series = 2000;
   DeduperOptions dedupe;
+  // Job reports (kept after jobs end); its dir is loaded at construction.
+  ReportStoreOptions reports;
 };
 
 // The last known state of one node (one agent).
@@ -62,9 +72,19 @@ struct CollectorCounters {
   std::map<std::string, uint64_t> steps_rejected;  // by reason: "invalid", "limit"
   std::map<std::string, uint64_t> limit_hits;      // by limit: "jobs", "ranks_per_job", ...
   std::map<std::string, uint64_t> expired;         // by kind: "job", "node"
+  // Calls and batches refused: "unauthenticated", "permission_denied", "node_mismatch",
+  // "rank_exit_foreign" (a node reported the exit of a rank it never reported).
+  std::map<std::string, uint64_t> refused;
   uint64_t rank_exits_received = 0;
+  // Sender timestamps replaced because they were beyond max_clock_skew of the collector's clock.
+  uint64_t clock_skew_corrected = 0;
   // Jobs ended because every reporting rank's process exited (ReportBatch.rank_exits).
   uint64_t jobs_finished = 0;
+  // Ranks left out of the per-rank series by max_rank_series, summed over scrapes.
+  uint64_t rank_series_dropped = 0;
+  // Findings left out of stepwatch_finding by MetricsOptions::max_finding_series, summed over
+  // scrapes (counted by the /metrics collectable).
+  uint64_t finding_series_dropped = 0;
 };
 
 // Everything /metrics shows, copied under the lock at scrape time.
@@ -73,7 +93,8 @@ struct StateSnapshot {
   int64_t node_down_nanos = 0;
   std::vector<analysis::JobSnapshot> jobs;
   std::vector<analysis::Finding> findings;
-  // Per job (in `jobs` order), its top_ranks_per_job slowest ranks, slowest first.
+  // The ranks with per-rank series (job, rank): every flagged rank, then each job's
+  // top_ranks_per_job slowest, at most max_rank_series in all.
   std::vector<std::pair<std::string, analysis::RankSnapshot>> top_ranks;
   std::vector<NodeView> nodes;  // ordered by node name
   CollectorCounters counters;
@@ -98,6 +119,8 @@ class CollectorState {
   void AgentConnected() { agents_connected_.fetch_add(1); }
   void AgentDisconnected() { agents_connected_.fetch_sub(1); }
   void CountIngestError();
+  // A call or batch refused by authentication or identity checks, by reason.
+  void CountRefused(const char* reason);
   void CountStateSaveError();
 
   v1::StatusResponse Status() const;
@@ -110,10 +133,16 @@ class CollectorState {
   std::string SerializeScalingHistory() const;
   absl::Status LoadScalingHistory(absl::string_view data);
 
+  // Reports of running and finished jobs (updated at every Tick and when a job ends).
+  const ReportStore& reports() const { return reports_; }
+
  private:
   struct JobTrack {
     int64_t last_seen_unix_nanos = 0;
     absl::flat_hash_set<int> ranks;
+    // For the job's report: the lowest step and when the job was first seen.
+    int64_t first_step = -1;
+    int64_t first_seen_unix_nanos = 0;
   };
   struct NodeTrack {
     NodeView view;
@@ -123,6 +152,23 @@ class CollectorState {
   // Returns false (and counts) when the step would exceed a limit.
   bool AdmitStep(const v1::StepEvent& event, int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   NodeTrack* TouchNode(const v1::ReportBatch& batch, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `sender_unix_nanos` when it is set and within max_clock_skew of `now`, else `now` (counted,
+  // and logged at a bounded rate naming the node).
+  int64_t TrustedTime(int64_t sender_unix_nanos, int64_t now, const std::string& node)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tick without the reports' disk writes.
+  void AdvanceAndExpire(int64_t now) ABSL_LOCKS_EXCLUDED(mu_);
+  // Feeds every job's snapshot and findings to the reports.
+  void ObserveReports(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  JobSpan SpanOf(const std::string& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the report of a job that is being removed ("exited" or "expired").
+  void FinishReport(const analysis::JobSnapshot& job,
+                    const std::vector<analysis::Finding>& findings, const char* reason, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends the ranks that get per-rank series (see CollectorStateOptions::max_rank_series).
+  void SelectRankSeries(const std::vector<analysis::JobSnapshot>& jobs,
+                        std::vector<std::pair<std::string, analysis::RankSnapshot>>* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CollectorStateOptions options_;
@@ -135,8 +181,13 @@ class CollectorState {
   absl::flat_hash_map<std::string, JobTrack> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, NodeTrack> nodes_ ABSL_GUARDED_BY(mu_);
   CollectorCounters counters_ ABSL_GUARDED_BY(mu_);
+  LogRateLimiter skew_log_limiter_{3, std::chrono::minutes(1)};
+  // Counted by Snapshot(), which is const: scrapes only read the state otherwise.
+  mutable uint64_t rank_series_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   // Reused for every step so that conversion does not allocate per step.
   analysis::StepSample scratch_step_ ABSL_GUARDED_BY(mu_);
+  // Internally synchronized; taken after mu_, never before.
+  ReportStore reports_;
 };
 
 }  // namespace stepwatch::collector

@@ -32,6 +32,11 @@ void UsageError(absl::string_view program, absl::string_view message) {
   std::exit(kUsageExitCode);
 }
 
+void StartupError(absl::string_view program, absl::string_view message) {
+  std::fprintf(stderr, "%s: %s\n", std::string(program).c_str(), std::string(message).c_str());
+  std::exit(1);
+}
+
 std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const FlagsSpec& spec,
                                           bool allow_positional) {
   absl::FlagsUsageConfig usage_config;

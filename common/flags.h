@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "common/version.h"
 
 namespace stepwatch {
 
@@ -14,7 +15,7 @@ struct FlagsSpec {
   std::string usage;    // first lines of --help
   // --help lists the flags defined in the file whose path ends with this (e.g. "agent/main.cc").
   std::string main_file;
-  std::string version = "dev";
+  std::string version = kVersion;  // --version prints "<program> <version>"
 };
 
 // Exit status for a command-line mistake.
@@ -28,5 +29,9 @@ std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const FlagsSpec
 
 // Prints "<program>: <message>\nTry --help." to stderr and exits with kUsageExitCode.
 [[noreturn]] void UsageError(absl::string_view program, absl::string_view message);
+
+// Prints "<program>: <message>" to stderr and exits with status 1: the flags parse but the process
+// cannot run with them (a port already in use, a directory it cannot write).
+[[noreturn]] void StartupError(absl::string_view program, absl::string_view message);
 
 }  // namespace stepwatch

@@ -118,6 +118,76 @@ std::string FormatFindings(const v1::FindingsResponse& findings) {
   return FormatTable(rows);
 }
 
+namespace {
+
+// The what-ifs, largest speed-up first, the best single fix and the gain if all were fixed.
+std::string FormatWhatIf(const v1::ExplainResponse& e, bool breakdown_known) {
+  struct Fix {
+    const char* key;
+    const char* label;
+    double speedup;
+  };
+  std::vector<Fix> fixes;
+  for (const Fix& f : {Fix{"stragglers", "stragglers fixed (rebalance the load)", 0},
+                       Fix{"overlap", "communication fully overlapped with compute", 0},
+                       Fix{"data", "no data-loading stall", 0}}) {
+    auto it = e.whatif_speedup_ratio().find(f.key);
+    if (it == e.whatif_speedup_ratio().end() || !std::isfinite(it->second)) continue;
+    fixes.push_back({f.key, f.label, it->second});
+  }
+  if (fixes.empty() || !breakdown_known) {
+    return "  - (unknown until the ranks report how their step splits)\n";
+  }
+  std::stable_sort(fixes.begin(), fixes.end(),
+                   [](const Fix& a, const Fix& b) { return a.speedup > b.speedup; });
+  std::vector<std::vector<std::string>> rows;
+  for (const Fix& f : fixes) {
+    const bool bound = std::string(f.key) == "overlap";
+    rows.push_back({absl::StrCat("  ", f.label), absl::StrFormat("%.2fx faster", f.speedup),
+                    bound ? "(upper bound: some communication cannot overlap)" : ""});
+  }
+  std::string out = FormatTable(rows);
+  const WhatIfSummary summary = SummarizeWhatIf(e);
+  if (summary.best_speedup < 1.005) {
+    out += "  None of these fixes would make a noticeable difference.\n";
+    return out;
+  }
+  absl::StrAppendFormat(&out, "  Best single fix: %s (%.2fx faster)\n", fixes.front().label,
+                        summary.best_speedup);
+  if (fixes.size() > 1) {
+    absl::StrAppendFormat(&out, "  All fixed together: %s%.2fx faster%s\n",
+                          summary.combined_is_upper_bound ? "up to " : "", summary.combined_speedup,
+                          summary.combined_clamped ? " (limited by the compute share)" : "");
+  }
+  return out;
+}
+
+}  // namespace
+
+WhatIfSummary SummarizeWhatIf(const v1::ExplainResponse& e) {
+  WhatIfSummary s;
+  // Each fix removes a share of the step (1 - 1/speedup); the shares are disjoint parts of the
+  // breakdown (imbalance, exposed comm, data), so they add up.
+  double removed = 0;
+  for (const auto& [key, speedup] : e.whatif_speedup_ratio()) {
+    if (!std::isfinite(speedup) || speedup < 1) continue;
+    s.best_speedup = std::max(s.best_speedup, speedup);
+    removed += 1 - 1 / speedup;
+    if (key == "overlap" && speedup > 1) s.combined_is_upper_bound = true;
+  }
+  // What remains is at least the compute share (when known), and never nothing.
+  double max_removed = 0.95;
+  if (auto it = e.time_ratio().find("compute"); it != e.time_ratio().end() && it->second > 0) {
+    max_removed = std::min(max_removed, 1 - it->second);
+  }
+  if (removed > max_removed) {
+    removed = max_removed;
+    s.combined_clamped = true;
+  }
+  s.combined_speedup = std::max(s.best_speedup, 1 / (1 - removed));
+  return s;
+}
+
 std::string FormatExplain(const v1::ExplainResponse& e, const ExplainFormatOptions& options) {
   const v1::JobStatus& j = e.job();
   std::string out =
@@ -136,27 +206,28 @@ std::string FormatExplain(const v1::ExplainResponse& e, const ExplainFormatOptio
 
   out += "\nWhere the step time goes\n";
   std::vector<std::vector<std::string>> rows;
+  // Unknown: absent, or (from collectors that fill it in regardless) all zero.
+  double breakdown_sum = 0;
+  for (const auto& [component, share] : e.time_ratio()) {
+    if (std::isfinite(share) && share > 0) breakdown_sum += share;
+  }
+  const bool breakdown_known = breakdown_sum > 0;
   for (const char* component : {"compute", "imbalance", "comm", "data", "other"}) {
     auto it = e.time_ratio().find(component);
     const double v = it == e.time_ratio().end() ? 0 : it->second;
-    rows.push_back({absl::StrCat("  ", component), absl::StrFormat("%5.1f%%", v * 100),
-                    Bar(v, options.bar_width)});
+    rows.push_back({absl::StrCat("  ", component),
+                    breakdown_known ? absl::StrFormat("%5.1f%%", v * 100) : "    -",
+                    breakdown_known ? Bar(v, options.bar_width) : ""});
   }
   out += FormatTable(rows);
-
-  out += "\nWhat if\n";
-  rows.clear();
-  const std::pair<const char*, const char*> fixes[] = {
-      {"stragglers", "stragglers fixed (rebalance the load)"},
-      {"overlap", "communication fully overlapped with compute"},
-      {"data", "no data-loading stall"}};
-  for (const auto& [key, label] : fixes) {
-    auto it = e.whatif_speedup_ratio().find(key);
-    if (it == e.whatif_speedup_ratio().end()) continue;
-    rows.push_back({absl::StrCat("  ", label), absl::StrFormat("%.2fx faster", it->second)});
+  if (!breakdown_known) {
+    out +=
+        "  unknown: the ranks report only their step time, not how it splits into data, compute "
+        "and communication (see docs/clients.md)\n";
   }
-  out += FormatTable(rows);
 
+  out += "\nWhat if (largest speed-up first)\n";
+  out += FormatWhatIf(e, breakdown_known);
   if (!e.ranks().empty()) {
     std::vector<const v1::RankRow*> shown;
     for (const v1::RankRow& r : e.ranks()) shown.push_back(&r);
@@ -183,7 +254,9 @@ std::string FormatExplain(const v1::ExplainResponse& e, const ExplainFormatOptio
                       r->node().empty() ? "-" : r->node(), RankOrDash(r->gpu()),
                       FormatDuration(r->busy_seconds()), FormatDuration(r->compute_seconds()),
                       FormatDuration(r->data_seconds()), FormatDuration(r->comm_seconds()),
-                      absl::StrFormat("%+.0f%%", (r->busy_vs_median_ratio() - 1) * 100),
+                      r->comparable()
+                          ? absl::StrFormat("%+.0f%%", (r->busy_vs_median_ratio() - 1) * 100)
+                          : "-",
                       Bar(max_busy > 0 ? r->busy_seconds() / max_busy : 0, options.bar_width)});
     }
     out += FormatTable(rows);
@@ -199,6 +272,8 @@ std::string FormatExplain(const v1::ExplainResponse& e, const ExplainFormatOptio
     for (const v1::Finding& f : e.findings()) {
       absl::StrAppend(&out, "  [", f.severity(), "] ", f.kind(), " since step ", f.since_step(),
                       ": ", f.summary(), "\n");
+      if (!f.cause().empty()) absl::StrAppend(&out, "      cause: ", f.cause(), "\n");
+      if (!f.action().empty()) absl::StrAppend(&out, "      action: ", f.action(), "\n");
     }
   }
   return out;

@@ -36,6 +36,18 @@ struct ExplainFormatOptions {
 std::string FormatExplain(const v1::ExplainResponse& explain,
                           const ExplainFormatOptions& options = {});
 
+// The what-ifs taken together. Each fix removes a share of the step, 1 - 1/speedup; the shares are
+// disjoint (imbalance, exposed communication, data), so all fixed: 1 / (1 - sum of shares), limited
+// to what leaves the compute share (at least 5% of the step) in place.
+struct WhatIfSummary {
+  double best_speedup = 1;      // the best single fix
+  double combined_speedup = 1;  // all fixed
+  bool combined_clamped = false;
+  // The overlap what-if assumes every exposed communication second can hide behind compute.
+  bool combined_is_upper_bound = false;
+};
+WhatIfSummary SummarizeWhatIf(const v1::ExplainResponse& explain);
+
 // Machine-readable form: proto3 JSON with the .proto field names and default values printed.
 absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message);
 

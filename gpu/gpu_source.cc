@@ -2,15 +2,19 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <initializer_list>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "gpu/nvml_abi.h"
+#include "gpu/nvml_decode.h"
 
 namespace stepwatch::gpu {
 namespace {
@@ -20,7 +24,8 @@ struct NvmlApi {
   nvml::InitFn init = nullptr;
   nvml::ShutdownFn shutdown = nullptr;
   nvml::ErrorStringFn error_string = nullptr;
-  nvml::SystemGetDriverVersionFn system_get_driver_version = nullptr;
+  nvml::SystemGetStringFn system_get_driver_version = nullptr;
+  nvml::SystemGetStringFn system_get_nvml_version = nullptr;
   nvml::DeviceGetCountFn device_get_count = nullptr;
   nvml::DeviceGetHandleByIndexFn device_get_handle_by_index = nullptr;
   nvml::DeviceGetStringFn device_get_name = nullptr;
@@ -31,11 +36,15 @@ struct NvmlApi {
   nvml::DeviceGetClockFn device_get_max_clock_info = nullptr;
   nvml::DeviceGetUintFn device_get_power_usage = nullptr;
   nvml::DeviceGetUintFn device_get_power_limit = nullptr;
+  nvml::DeviceGetTemperatureVFn device_get_temperature_v = nullptr;
   nvml::DeviceGetTemperatureFn device_get_temperature = nullptr;
   nvml::DeviceGetUllFn device_get_throttle_reasons = nullptr;
   nvml::DeviceGetPcieThroughputFn device_get_pcie_throughput = nullptr;
   nvml::DeviceGetFieldValuesFn device_get_field_values = nullptr;
-  nvml::DeviceGetProcessesFn device_get_compute_processes = nullptr;
+  nvml::DeviceGetProcessesFn device_get_compute_processes_v1 = nullptr;
+  nvml::DeviceGetProcessesFn device_get_compute_processes_v2 = nullptr;
+  nvml::DeviceGetProcessesFn device_get_compute_processes_v3 = nullptr;
+  nvml::DeviceGetMigModeFn device_get_mig_mode = nullptr;
   nvml::GpmQueryDeviceSupportFn gpm_query_device_support = nullptr;
   nvml::GpmSampleAllocFn gpm_sample_alloc = nullptr;
   nvml::GpmSampleFreeFn gpm_sample_free = nullptr;
@@ -55,21 +64,60 @@ void Resolve(void* handle, Fn* out, std::initializer_list<const char*> names) {
   *out = nullptr;
 }
 
+// A process-list entry point and the entry size it writes on this driver.
+struct ProcessEntryPoint {
+  nvml::DeviceGetProcessesFn fn;
+  const char* name;
+  size_t entry_size;
+};
+
+// Why a reading is missing, as exported in GpuSample.unavailable_metrics.
+const char* ReasonOf(nvml::Return rc) {
+  switch (rc) {
+    case nvml::kErrorNotSupported:
+      return "not_supported";
+    case nvml::kErrorNoPermission:
+      return "no_permission";
+    case nvml::kErrorFunctionNotFound:
+      return "missing_entry_point";
+    case nvml::kErrorGpuIsLost:
+      return "gpu_lost";
+    default:
+      return "error";
+  }
+}
+
 constexpr double kKiB = 1024.0;
 constexpr unsigned int kMaxGpus = 1024;
+// Process buffers start at this many entries and grow to what the driver asks for, up to the cap.
+constexpr unsigned int kInitialProcessEntries = 64;
+constexpr unsigned int kMaxProcessEntries = 65536;
+constexpr const char* kGpmMetrics[] = {"sm_activity", "dram_bandwidth", "tensor_activity"};
+constexpr unsigned int kGpmMetricIds[] = {nvml::kGpmMetricSmUtil, nvml::kGpmMetricDramBwUtil,
+                                          nvml::kGpmMetricAnyTensorUtil};
 
 // Per-GPU state carried between samples: NVLink counters and GPM samples need two readings.
 struct DeviceState {
   bool gpm_probed = false;
-  bool gpm_supported = false;
+  // Empty while GPM works; otherwise why not (a ReasonOf value) and what said so.
+  std::string gpm_reason;
+  std::string gpm_detail;
   nvml::GpmSample gpm_prev = nullptr;
   nvml::GpmSample gpm_cur = nullptr;
   bool gpm_has_prev = false;
+  // When the previous GPM sample was taken, on this process's monotonic clock.
+  std::chrono::steady_clock::time_point gpm_prev_time{};
+  bool gpm_interval_logged = false;
+  // The last GPM values, repeated while samples come faster than kGpmMinIntervalNanos.
+  std::optional<double> gpm_last[3];
 
   bool nvlink_has_prev = false;
   unsigned long long nvlink_tx_kib = 0;
   unsigned long long nvlink_rx_kib = 0;
   int64_t nvlink_time_us = 0;
+
+  // Reading -> the reason last logged for it, so that each is logged once per reason.
+  std::map<std::string, std::string> logged_reasons;
 };
 
 class NvmlGpuSource : public GpuSource {
@@ -127,6 +175,11 @@ class NvmlGpuSource : public GpuSource {
     node->set_gpu_count(gpu_count_);
   }
 
+  std::string NvmlVersion() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return nvml_version_;
+  }
+
  private:
   void Open() {
     handle_ = dlopen(options_.nvml_library.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -140,6 +193,7 @@ class NvmlGpuSource : public GpuSource {
     Resolve(handle_, &api_.shutdown, {"nvmlShutdown"});
     Resolve(handle_, &api_.error_string, {"nvmlErrorString"});
     Resolve(handle_, &api_.system_get_driver_version, {"nvmlSystemGetDriverVersion"});
+    Resolve(handle_, &api_.system_get_nvml_version, {"nvmlSystemGetNVMLVersion"});
     Resolve(handle_, &api_.device_get_count, {"nvmlDeviceGetCount_v2", "nvmlDeviceGetCount"});
     Resolve(handle_, &api_.device_get_handle_by_index,
             {"nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex"});
@@ -152,6 +206,8 @@ class NvmlGpuSource : public GpuSource {
     Resolve(handle_, &api_.device_get_power_usage, {"nvmlDeviceGetPowerUsage"});
     Resolve(handle_, &api_.device_get_power_limit,
             {"nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"});
+    // nvmlDeviceGetTemperature is deprecated in NVML 13; the V form replaces it (R550 and later).
+    Resolve(handle_, &api_.device_get_temperature_v, {"nvmlDeviceGetTemperatureV"});
     Resolve(handle_, &api_.device_get_temperature, {"nvmlDeviceGetTemperature"});
     // Renamed in CUDA 12 drivers; the old name stays exported for compatibility.
     Resolve(
@@ -159,9 +215,13 @@ class NvmlGpuSource : public GpuSource {
         {"nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"});
     Resolve(handle_, &api_.device_get_pcie_throughput, {"nvmlDeviceGetPcieThroughput"});
     Resolve(handle_, &api_.device_get_field_values, {"nvmlDeviceGetFieldValues"});
-    // The unversioned entry point uses a shorter struct (v1); only v2/v3 share ProcessInfoV2.
-    Resolve(handle_, &api_.device_get_compute_processes,
-            {"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"});
+    Resolve(handle_, &api_.device_get_compute_processes_v1,
+            {"nvmlDeviceGetComputeRunningProcesses"});
+    Resolve(handle_, &api_.device_get_compute_processes_v2,
+            {"nvmlDeviceGetComputeRunningProcesses_v2"});
+    Resolve(handle_, &api_.device_get_compute_processes_v3,
+            {"nvmlDeviceGetComputeRunningProcesses_v3"});
+    Resolve(handle_, &api_.device_get_mig_mode, {"nvmlDeviceGetMigMode"});
     Resolve(handle_, &api_.gpm_query_device_support, {"nvmlGpmQueryDeviceSupport"});
     Resolve(handle_, &api_.gpm_sample_alloc, {"nvmlGpmSampleAlloc"});
     Resolve(handle_, &api_.gpm_sample_free, {"nvmlGpmSampleFree"});
@@ -182,14 +242,34 @@ class NvmlGpuSource : public GpuSource {
       return;
     }
     initialized_ = true;
-    if (api_.system_get_driver_version != nullptr) {
-      char version[nvml::kDriverVersionBufferSize] = {};
-      if (api_.system_get_driver_version(version, sizeof(version)) == nvml::kSuccess) {
-        driver_version_.assign(version, strnlen(version, sizeof(version)));
-      }
+    driver_version_ = SystemString(api_.system_get_driver_version);
+    nvml_version_ = SystemString(api_.system_get_nvml_version);
+    // _v2 first: it writes 24-byte entries on every driver that has it. _v3's entry size depends
+    // on the driver (32 bytes on 535.43..535.86); the unversioned call writes 16-byte entries.
+    if (api_.device_get_compute_processes_v2 != nullptr) {
+      process_entry_points_.push_back({api_.device_get_compute_processes_v2,
+                                       "nvmlDeviceGetComputeRunningProcesses_v2",
+                                       sizeof(nvml::ProcessInfoV2)});
+    }
+    if (api_.device_get_compute_processes_v3 != nullptr) {
+      process_entry_points_.push_back({api_.device_get_compute_processes_v3,
+                                       "nvmlDeviceGetComputeRunningProcesses_v3",
+                                       ProcessEntrySizeOfV3(driver_version_)});
+    }
+    if (api_.device_get_compute_processes_v1 != nullptr) {
+      process_entry_points_.push_back({api_.device_get_compute_processes_v1,
+                                       "nvmlDeviceGetComputeRunningProcesses",
+                                       sizeof(nvml::ProcessInfoV1)});
     }
     unsigned int count = 0;
     if (api_.device_get_count(&count) == nvml::kSuccess) gpu_count_ = static_cast<int>(count);
+  }
+
+  std::string SystemString(nvml::SystemGetStringFn fn) const {
+    if (fn == nullptr) return std::string();
+    char text[nvml::kNvmlVersionBufferSize] = {};
+    if (fn(text, sizeof(text)) != nvml::kSuccess) return std::string();
+    return std::string(text, strnlen(text, sizeof(text)));
   }
 
   void Close() {
@@ -204,8 +284,7 @@ class NvmlGpuSource : public GpuSource {
     return absl::StrCat(text, " (", rc, ")");
   }
 
-  // Errors other than "not supported" mean something is wrong with the driver or the GPU; say it
-  // at a bounded rate instead of once per sample.
+  // Errors not tied to one reading; said at a bounded rate instead of once per sample.
   void LogLimited(const std::string& message) {
     uint64_t suppressed = 0;
     if (log_limiter_.Allow(&suppressed)) {
@@ -215,13 +294,38 @@ class NvmlGpuSource : public GpuSource {
     }
   }
 
-  // True when the call succeeded; "not supported" and missing entry points are silent.
-  bool Ok(nvml::Return rc, const char* what, unsigned int index) {
-    if (rc == nvml::kSuccess) return true;
-    if (rc != nvml::kErrorNotSupported && rc != nvml::kErrorFunctionNotFound &&
-        rc != nvml::kErrorNoPermission) {
-      LogLimited(absl::StrCat(what, " on GPU ", index, ": ", ErrorString(rc)));
+  // Records that `metric` is unavailable on this GPU and why; logs once per GPU, metric and reason.
+  static void Unavailable(unsigned int index, DeviceState* state, v1::GpuSample* s,
+                          const char* metric, const std::string& reason,
+                          const std::string& detail) {
+    (*s->mutable_unavailable_metrics())[metric] = reason;
+    std::string& last = state->logged_reasons[metric];
+    if (last == reason) return;
+    last = reason;
+    if (reason == "not_supported" || reason == "missing_entry_point" || reason == "mig_enabled") {
+      SW_LOG_INFO << "NVML: GPU " << index << ": " << metric << " unavailable (" << reason
+                  << "): " << detail;
+    } else {
+      SW_LOG_WARNING << "NVML: GPU " << index << ": " << metric << " unavailable (" << reason
+                     << "): " << detail;
     }
+  }
+
+  // True when the call succeeded; otherwise records why `metric` is unavailable.
+  bool Check(nvml::Return rc, const char* what, unsigned int index, DeviceState* state,
+             v1::GpuSample* s, const char* metric) {
+    if (rc == nvml::kSuccess) return true;
+    Unavailable(index, state, s, metric, ReasonOf(rc), absl::StrCat(what, ": ", ErrorString(rc)));
+    return false;
+  }
+
+  // False (and `metric` recorded as missing) when this driver does not export `fn`.
+  template <typename Fn>
+  static bool Exported(Fn fn, const char* what, unsigned int index, DeviceState* state,
+                       v1::GpuSample* s, const char* metric) {
+    if (fn != nullptr) return true;
+    Unavailable(index, state, s, metric, "missing_entry_point",
+                absl::StrCat("the library does not export ", what));
     return false;
   }
 
@@ -232,189 +336,296 @@ class NvmlGpuSource : public GpuSource {
     s.set_sampled_unix_nanos(now_unix_nanos);
     if (api_.device_get_name != nullptr) {
       char name[nvml::kDeviceNameBufferSize] = {};
-      if (Ok(api_.device_get_name(device, name, sizeof(name)), "nvmlDeviceGetName", index)) {
+      if (api_.device_get_name(device, name, sizeof(name)) == nvml::kSuccess) {
         s.set_name(std::string(name, strnlen(name, sizeof(name))));
       }
     }
     if (api_.device_get_uuid != nullptr) {
       char uuid[nvml::kDeviceUuidBufferSize] = {};
-      if (Ok(api_.device_get_uuid(device, uuid, sizeof(uuid)), "nvmlDeviceGetUUID", index)) {
+      if (api_.device_get_uuid(device, uuid, sizeof(uuid)) == nvml::kSuccess) {
         s.set_uuid(std::string(uuid, strnlen(uuid, sizeof(uuid))));
       }
     }
-    if (api_.device_get_utilization_rates != nullptr) {
+    // With MIG enabled the parent GPU has no device-wide utilization or GPM readings; per-instance
+    // readings are not collected (agent/README.md, "MIG").
+    bool mig = false;
+    if (api_.device_get_mig_mode != nullptr) {
+      unsigned int current = nvml::kDeviceMigDisable;
+      unsigned int pending = nvml::kDeviceMigDisable;
+      mig = api_.device_get_mig_mode(device, &current, &pending) == nvml::kSuccess &&
+            current == nvml::kDeviceMigEnable;
+    }
+    if (mig) {
+      Unavailable(index, state, &s, "utilization", "mig_enabled",
+                  "MIG mode is enabled; per-instance utilization is not collected");
+    } else if (Exported(api_.device_get_utilization_rates, "nvmlDeviceGetUtilizationRates", index,
+                        state, &s, "utilization")) {
       nvml::Utilization u{};
-      if (Ok(api_.device_get_utilization_rates(device, &u), "nvmlDeviceGetUtilizationRates",
-             index)) {
+      if (Check(api_.device_get_utilization_rates(device, &u), "nvmlDeviceGetUtilizationRates",
+                index, state, &s, "utilization")) {
         s.set_utilization_gpu_ratio(u.gpu / 100.0);
         s.set_utilization_memory_ratio(u.memory / 100.0);
       }
     }
-    if (api_.device_get_memory_info != nullptr) {
+    if (Exported(api_.device_get_memory_info, "nvmlDeviceGetMemoryInfo", index, state, &s,
+                 "memory")) {
       nvml::Memory m{};
-      if (Ok(api_.device_get_memory_info(device, &m), "nvmlDeviceGetMemoryInfo", index)) {
+      if (Check(api_.device_get_memory_info(device, &m), "nvmlDeviceGetMemoryInfo", index, state,
+                &s, "memory")) {
         s.set_memory_used_bytes(m.used);
         s.set_memory_total_bytes(m.total);
       }
     }
     unsigned int value = 0;
-    if (api_.device_get_clock_info != nullptr &&
-        Ok(api_.device_get_clock_info(device, nvml::kClockSm, &value), "nvmlDeviceGetClockInfo",
-           index)) {
+    if (Exported(api_.device_get_clock_info, "nvmlDeviceGetClockInfo", index, state, &s,
+                 "sm_clock") &&
+        Check(api_.device_get_clock_info(device, nvml::kClockSm, &value), "nvmlDeviceGetClockInfo",
+              index, state, &s, "sm_clock")) {
       s.set_sm_clock_mhz(value);
     }
-    if (api_.device_get_max_clock_info != nullptr &&
-        Ok(api_.device_get_max_clock_info(device, nvml::kClockSm, &value),
-           "nvmlDeviceGetMaxClockInfo", index)) {
+    if (Exported(api_.device_get_max_clock_info, "nvmlDeviceGetMaxClockInfo", index, state, &s,
+                 "sm_clock_max") &&
+        Check(api_.device_get_max_clock_info(device, nvml::kClockSm, &value),
+              "nvmlDeviceGetMaxClockInfo", index, state, &s, "sm_clock_max")) {
       s.set_sm_clock_max_mhz(value);
     }
-    if (api_.device_get_power_usage != nullptr &&
-        Ok(api_.device_get_power_usage(device, &value), "nvmlDeviceGetPowerUsage", index)) {
+    if (Exported(api_.device_get_power_usage, "nvmlDeviceGetPowerUsage", index, state, &s,
+                 "power") &&
+        Check(api_.device_get_power_usage(device, &value), "nvmlDeviceGetPowerUsage", index, state,
+              &s, "power")) {
       s.set_power_watts(value / 1000.0);  // NVML reports milliwatts.
     }
-    if (api_.device_get_power_limit != nullptr &&
-        Ok(api_.device_get_power_limit(device, &value), "nvmlDeviceGetEnforcedPowerLimit", index)) {
+    if (Exported(api_.device_get_power_limit, "nvmlDeviceGetEnforcedPowerLimit", index, state, &s,
+                 "power_limit") &&
+        Check(api_.device_get_power_limit(device, &value), "nvmlDeviceGetEnforcedPowerLimit", index,
+              state, &s, "power_limit")) {
       s.set_power_limit_watts(value / 1000.0);
     }
-    if (api_.device_get_temperature != nullptr &&
-        Ok(api_.device_get_temperature(device, nvml::kTemperatureGpu, &value),
-           "nvmlDeviceGetTemperature", index)) {
-      s.set_temperature_celsius(value);
-    }
-    if (api_.device_get_throttle_reasons != nullptr) {
+    SampleTemperature(index, device, state, &s);
+    if (Exported(api_.device_get_throttle_reasons, "nvmlDeviceGetCurrentClocksEventReasons", index,
+                 state, &s, "throttle_reasons")) {
       unsigned long long reasons = 0;
-      if (Ok(api_.device_get_throttle_reasons(device, &reasons),
-             "nvmlDeviceGetCurrentClocksEventReasons", index)) {
+      if (Check(api_.device_get_throttle_reasons(device, &reasons),
+                "nvmlDeviceGetCurrentClocksEventReasons", index, state, &s, "throttle_reasons")) {
         s.set_throttle_reasons(reasons);
       }
     }
-    if (api_.device_get_pcie_throughput != nullptr) {
-      if (Ok(api_.device_get_pcie_throughput(device, nvml::kPcieUtilTxBytes, &value),
-             "nvmlDeviceGetPcieThroughput", index)) {
-        s.set_pcie_tx_bytes_per_second(value * kKiB);
-      }
-      if (Ok(api_.device_get_pcie_throughput(device, nvml::kPcieUtilRxBytes, &value),
-             "nvmlDeviceGetPcieThroughput", index)) {
-        s.set_pcie_rx_bytes_per_second(value * kKiB);
+    if (Exported(api_.device_get_pcie_throughput, "nvmlDeviceGetPcieThroughput", index, state, &s,
+                 "pcie")) {
+      unsigned int tx = 0;
+      unsigned int rx = 0;
+      if (Check(api_.device_get_pcie_throughput(device, nvml::kPcieUtilTxBytes, &tx),
+                "nvmlDeviceGetPcieThroughput(TX)", index, state, &s, "pcie") &&
+          Check(api_.device_get_pcie_throughput(device, nvml::kPcieUtilRxBytes, &rx),
+                "nvmlDeviceGetPcieThroughput(RX)", index, state, &s, "pcie")) {
+        s.set_pcie_tx_bytes_per_second(tx * kKiB);
+        s.set_pcie_rx_bytes_per_second(rx * kKiB);
       }
     }
     SampleNvlink(index, device, now_unix_nanos, state, &s);
-    SampleProcesses(index, device, &s);
-    SampleGpm(index, device, state, &s);
+    SampleProcesses(index, device, state, &s);
+    SampleGpm(index, device, mig, state, &s);
     return s;
   }
 
-  // NVLink counters are cumulative KiB for the whole GPU; the rate needs the previous reading.
+  // nvmlDeviceGetTemperatureV first (NVML 13 deprecates the older call), then the older call.
+  void SampleTemperature(unsigned int index, nvml::Device device, DeviceState* state,
+                         v1::GpuSample* s) {
+    nvml::Return rc = nvml::kErrorFunctionNotFound;
+    std::string detail = "the library exports neither nvmlDeviceGetTemperatureV nor ...Temperature";
+    if (api_.device_get_temperature_v != nullptr) {
+      nvml::Temperature t{};
+      t.version = nvml::kTemperatureVersion1;
+      t.sensor_type = static_cast<int>(nvml::kTemperatureGpu);
+      rc = api_.device_get_temperature_v(device, &t);
+      if (rc == nvml::kSuccess) {
+        s->set_temperature_celsius(t.temperature);
+        return;
+      }
+      detail = absl::StrCat("nvmlDeviceGetTemperatureV: ", ErrorString(rc));
+    }
+    if (api_.device_get_temperature != nullptr) {
+      unsigned int celsius = 0;
+      rc = api_.device_get_temperature(device, nvml::kTemperatureGpu, &celsius);
+      if (rc == nvml::kSuccess) {
+        s->set_temperature_celsius(celsius);
+        return;
+      }
+      absl::StrAppend(&detail, "; nvmlDeviceGetTemperature: ", ErrorString(rc));
+    }
+    Unavailable(index, state, s, "temperature", ReasonOf(rc), detail);
+  }
+
+  // NVLink counters are cumulative KiB; scopeId UINT_MAX sums them over all links.
   void SampleNvlink(unsigned int index, nvml::Device device, int64_t now_unix_nanos,
                     DeviceState* state, v1::GpuSample* s) {
-    if (api_.device_get_field_values == nullptr) return;
+    if (!Exported(api_.device_get_field_values, "nvmlDeviceGetFieldValues", index, state, s,
+                  "nvlink")) {
+      return;
+    }
     nvml::FieldValue values[2] = {};
     values[0].field_id = nvml::kFieldNvlinkThroughputDataTx;
+    values[0].scope_id = nvml::kScopeAllLinks;
     values[1].field_id = nvml::kFieldNvlinkThroughputDataRx;
-    if (!Ok(api_.device_get_field_values(device, 2, values), "nvmlDeviceGetFieldValues", index)) {
+    values[1].scope_id = nvml::kScopeAllLinks;
+    if (!Check(api_.device_get_field_values(device, 2, values), "nvmlDeviceGetFieldValues", index,
+               state, s, "nvlink") ||
+        !Check(values[0].nvml_return, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", index, state, s,
+               "nvlink") ||
+        !Check(values[1].nvml_return, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", index, state, s,
+               "nvlink")) {
+      state->nvlink_has_prev = false;
       return;
     }
-    if (values[0].nvml_return != nvml::kSuccess || values[1].nvml_return != nvml::kSuccess) {
+    const std::optional<unsigned long long> tx = FieldValueAsCounter(values[0]);
+    const std::optional<unsigned long long> rx = FieldValueAsCounter(values[1]);
+    if (!tx || !rx) {
+      Unavailable(index, state, s, "nvlink", "error",
+                  absl::StrCat("unexpected NVLink value types ", values[0].value_type, " and ",
+                               values[1].value_type));
+      state->nvlink_has_prev = false;
       return;
     }
-    const unsigned long long tx = FieldAsUll(values[0]);
-    const unsigned long long rx = FieldAsUll(values[1]);
     // Prefer the driver's timestamp of the reading; fall back to the caller's clock.
     int64_t time_us = values[0].timestamp > 0 ? values[0].timestamp : now_unix_nanos / 1000;
-    if (state->nvlink_has_prev && time_us > state->nvlink_time_us && tx >= state->nvlink_tx_kib &&
-        rx >= state->nvlink_rx_kib) {
+    if (state->nvlink_has_prev && time_us > state->nvlink_time_us && *tx >= state->nvlink_tx_kib &&
+        *rx >= state->nvlink_rx_kib) {
       const double seconds = (time_us - state->nvlink_time_us) / 1e6;
-      s->set_nvlink_tx_bytes_per_second((tx - state->nvlink_tx_kib) * kKiB / seconds);
-      s->set_nvlink_rx_bytes_per_second((rx - state->nvlink_rx_kib) * kKiB / seconds);
+      s->set_nvlink_tx_bytes_per_second((*tx - state->nvlink_tx_kib) * kKiB / seconds);
+      s->set_nvlink_rx_bytes_per_second((*rx - state->nvlink_rx_kib) * kKiB / seconds);
     }
     state->nvlink_has_prev = true;
-    state->nvlink_tx_kib = tx;
-    state->nvlink_rx_kib = rx;
+    state->nvlink_tx_kib = *tx;
+    state->nvlink_rx_kib = *rx;
     state->nvlink_time_us = time_us;
   }
 
-  static unsigned long long FieldAsUll(const nvml::FieldValue& v) {
-    switch (v.value_type) {
-      case nvml::kValueTypeDouble:
-        return static_cast<unsigned long long>(v.value.d_val);
-      case nvml::kValueTypeUnsignedInt:
-        return v.value.ui_val;
-      case nvml::kValueTypeUnsignedLong:
-        return v.value.ul_val;
-      case nvml::kValueTypeSignedLongLong:
-        return static_cast<unsigned long long>(v.value.sll_val);
-      case nvml::kValueTypeSignedInt:
-        return static_cast<unsigned long long>(v.value.si_val);
-      default:
-        return v.value.ull_val;
-    }
-  }
-
-  void SampleProcesses(unsigned int index, nvml::Device device, v1::GpuSample* s) {
-    if (api_.device_get_compute_processes == nullptr) return;
-    // Grow once if the first buffer is too small; processes may start in between, so bound it.
-    std::vector<nvml::ProcessInfoV2> infos(64);
-    for (int attempt = 0; attempt < 3; ++attempt) {
-      unsigned int n = static_cast<unsigned int>(infos.size());
-      nvml::Return rc = api_.device_get_compute_processes(device, &n, infos.data());
-      if (rc == nvml::kErrorInsufficientSize && n > infos.size()) {
-        infos.resize(n + 16);
+  // The buffer always has room for the largest entry any driver writes, so a driver whose entries
+  // are larger than expected cannot write past it; the stride used to read it is the entry size
+  // this entry point writes on this driver.
+  void SampleProcesses(unsigned int index, nvml::Device device, DeviceState* state,
+                       v1::GpuSample* s) {
+    while (next_process_entry_point_ < process_entry_points_.size()) {
+      const ProcessEntryPoint& ep = process_entry_points_[next_process_entry_point_];
+      unsigned int capacity = kInitialProcessEntries;
+      std::vector<unsigned char> buffer;
+      unsigned int n = 0;
+      nvml::Return rc = nvml::kSuccess;
+      // Processes may start between calls: grow a bounded number of times.
+      for (int attempt = 0; attempt < 4; ++attempt) {
+        buffer.assign(static_cast<size_t>(capacity) * kMaxProcessEntrySize, 0);
+        n = capacity;
+        rc = ep.fn(device, &n, buffer.data());
+        if (rc != nvml::kErrorInsufficientSize || n <= capacity || capacity >= kMaxProcessEntries) {
+          break;
+        }
+        capacity = std::min(n + 16, kMaxProcessEntries);
+      }
+      if (rc == nvml::kErrorFunctionNotFound) {
+        // Exported but not implemented by this driver (535.98 has no working _v3): next one.
+        LogLimited(absl::StrCat(ep.name, " is not implemented by this driver; trying the next"));
+        ++next_process_entry_point_;
         continue;
       }
-      if (!Ok(rc, "nvmlDeviceGetComputeRunningProcesses", index)) return;
-      for (unsigned int i = 0; i < n && i < infos.size(); ++i) s->add_pids(infos[i].pid);
+      if (!Check(rc, ep.name, index, state, s, "processes")) return;
+      for (unsigned int pid : PidsFromProcessBuffer(buffer, ep.entry_size, std::min(n, capacity))) {
+        s->add_pids(pid);
+      }
       return;
     }
+    Unavailable(index, state, s, "processes", "missing_entry_point",
+                "no nvmlDeviceGetComputeRunningProcesses{,_v2,_v3} works on this driver");
   }
 
-  // GPM metrics are computed between two samples: this call's and the previous call's.
-  void SampleGpm(unsigned int index, nvml::Device device, DeviceState* state, v1::GpuSample* s) {
-    if (api_.gpm_sample_alloc == nullptr || api_.gpm_sample_free == nullptr ||
-        api_.gpm_sample_get == nullptr || api_.gpm_metrics_get == nullptr) {
+  void GpmUnavailable(unsigned int index, DeviceState* state, v1::GpuSample* s,
+                      const std::string& reason, const std::string& detail) {
+    for (const char* metric : kGpmMetrics) Unavailable(index, state, s, metric, reason, detail);
+  }
+
+  // GPM metrics are computed between two samples taken at least kGpmMinIntervalNanos apart.
+  void SampleGpm(unsigned int index, nvml::Device device, bool mig, DeviceState* state,
+                 v1::GpuSample* s) {
+    if (api_.gpm_query_device_support == nullptr || api_.gpm_sample_alloc == nullptr ||
+        api_.gpm_sample_free == nullptr || api_.gpm_sample_get == nullptr ||
+        api_.gpm_metrics_get == nullptr) {
+      GpmUnavailable(index, state, s, "missing_entry_point",
+                     "the library does not export the nvmlGpm* entry points (drivers before R520)");
+      return;
+    }
+    if (mig) {
+      state->gpm_has_prev = false;
+      GpmUnavailable(index, state, s, "mig_enabled",
+                     "MIG mode is enabled; per-instance GPM is not collected");
       return;
     }
     if (!state->gpm_probed) {
       state->gpm_probed = true;
-      if (api_.gpm_query_device_support != nullptr) {
-        nvml::GpmSupport support{};
-        support.version = nvml::kGpmSupportVersion;
-        state->gpm_supported = api_.gpm_query_device_support(device, &support) == nvml::kSuccess &&
-                               support.is_supported_device != 0;
-      }
-      if (state->gpm_supported && (api_.gpm_sample_alloc(&state->gpm_prev) != nvml::kSuccess ||
-                                   api_.gpm_sample_alloc(&state->gpm_cur) != nvml::kSuccess)) {
-        state->gpm_supported = false;
+      nvml::GpmSupport support{};
+      support.version = nvml::kGpmSupportVersion;
+      nvml::Return rc = api_.gpm_query_device_support(device, &support);
+      if (rc != nvml::kSuccess) {
+        state->gpm_reason = ReasonOf(rc);
+        state->gpm_detail = absl::StrCat("nvmlGpmQueryDeviceSupport: ", ErrorString(rc));
+      } else if (support.is_supported_device == 0) {
+        state->gpm_reason = "not_supported";
+        state->gpm_detail = "nvmlGpmQueryDeviceSupport: not a GPM device (before Hopper)";
+      } else if ((rc = api_.gpm_sample_alloc(&state->gpm_prev)) != nvml::kSuccess ||
+                 (rc = api_.gpm_sample_alloc(&state->gpm_cur)) != nvml::kSuccess) {
+        state->gpm_reason = ReasonOf(rc);
+        state->gpm_detail = absl::StrCat("nvmlGpmSampleAlloc: ", ErrorString(rc));
       }
     }
-    if (!state->gpm_supported) return;
-    if (!Ok(api_.gpm_sample_get(device, state->gpm_cur), "nvmlGpmSampleGet", index)) {
+    if (!state->gpm_reason.empty()) {
+      GpmUnavailable(index, state, s, state->gpm_reason, state->gpm_detail);
+      return;
+    }
+    // Measured right at the GPM call: the caller's timestamp may be taken well before it.
+    const auto now = std::chrono::steady_clock::now();
+    if (state->gpm_has_prev &&
+        now - state->gpm_prev_time < std::chrono::nanoseconds(kGpmMinIntervalNanos)) {
+      if (!state->gpm_interval_logged) {
+        state->gpm_interval_logged = true;
+        SW_LOG_INFO << "NVML: GPU " << index << ": samples come less than "
+                    << kGpmMinIntervalNanos / 1000000
+                    << " ms apart; GPM is sampled at most that often and its last values repeat";
+      }
+      SetGpm(state, s);
+      return;
+    }
+    nvml::Return rc = api_.gpm_sample_get(device, state->gpm_cur);
+    if (rc != nvml::kSuccess) {
       state->gpm_has_prev = false;
+      GpmUnavailable(index, state, s, ReasonOf(rc),
+                     absl::StrCat("nvmlGpmSampleGet: ", ErrorString(rc)));
       return;
     }
     if (state->gpm_has_prev) {
-      nvml::GpmMetricsGet get{};
-      get.version = nvml::kGpmMetricsGetVersion;
-      get.num_metrics = 3;
-      get.sample1 = state->gpm_prev;
-      get.sample2 = state->gpm_cur;
-      get.metrics[0].metric_id = nvml::kGpmMetricSmUtil;
-      get.metrics[1].metric_id = nvml::kGpmMetricDramBwUtil;
-      get.metrics[2].metric_id = nvml::kGpmMetricAnyTensorUtil;
-      if (Ok(api_.gpm_metrics_get(&get), "nvmlGpmMetricsGet", index)) {
-        // GPM reports percentages.
-        if (get.metrics[0].nvml_return == nvml::kSuccess) {
-          s->set_sm_activity_ratio(get.metrics[0].value / 100.0);
-        }
-        if (get.metrics[1].nvml_return == nvml::kSuccess) {
-          s->set_dram_bandwidth_ratio(get.metrics[1].value / 100.0);
-        }
-        if (get.metrics[2].nvml_return == nvml::kSuccess) {
-          s->set_tensor_activity_ratio(get.metrics[2].value / 100.0);
+      // 13 KiB: the whole struct as the largest NVML_GPM_METRIC_MAX declares it.
+      auto get = std::make_unique<nvml::GpmMetricsGet>();
+      get->version = nvml::kGpmMetricsGetVersion;
+      get->num_metrics = 3;
+      get->sample1 = state->gpm_prev;
+      get->sample2 = state->gpm_cur;
+      for (int i = 0; i < 3; ++i) get->metrics[i].metric_id = kGpmMetricIds[i];
+      rc = api_.gpm_metrics_get(get.get());
+      for (int i = 0; i < 3; ++i) {
+        state->gpm_last[i].reset();
+        const nvml::Return metric_rc = rc != nvml::kSuccess ? rc : get->metrics[i].nvml_return;
+        if (Check(metric_rc, "nvmlGpmMetricsGet", index, state, s, kGpmMetrics[i])) {
+          state->gpm_last[i] = get->metrics[i].value / 100.0;  // GPM reports percentages.
         }
       }
+      SetGpm(state, s);
     }
     std::swap(state->gpm_prev, state->gpm_cur);
     state->gpm_has_prev = true;
+    state->gpm_prev_time = now;
+  }
+
+  static void SetGpm(const DeviceState* state, v1::GpuSample* s) {
+    if (state->gpm_last[0]) s->set_sm_activity_ratio(*state->gpm_last[0]);
+    if (state->gpm_last[1]) s->set_dram_bandwidth_ratio(*state->gpm_last[1]);
+    if (state->gpm_last[2]) s->set_tensor_activity_ratio(*state->gpm_last[2]);
   }
 
   const GpuSourceOptions options_;
@@ -424,7 +635,11 @@ class NvmlGpuSource : public GpuSource {
   bool initialized_ = false;
   std::string error_;
   std::string driver_version_;
+  std::string nvml_version_;
   int gpu_count_ = 0;
+  // In preference order; entries before next_process_entry_point_ proved not implemented.
+  std::vector<ProcessEntryPoint> process_entry_points_;
+  size_t next_process_entry_point_ = 0;
   std::vector<DeviceState> devices_;
   LogRateLimiter log_limiter_{5, std::chrono::minutes(1)};
 };

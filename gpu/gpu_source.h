@@ -13,6 +13,17 @@
 
 namespace stepwatch::gpu {
 
+// Names of the readings whose availability each GpuSample reports (unavailable_metrics keys).
+inline constexpr const char* kGpuMetricNames[] = {
+    "utilization",    "memory",           "sm_clock", "sm_clock_max", "power",     "power_limit",
+    "temperature",    "throttle_reasons", "pcie",     "nvlink",       "processes", "sm_activity",
+    "dram_bandwidth", "tensor_activity",
+};
+
+// NVIDIA's documented minimum time between two GPM samples of one GPU. Sampled more often, the GPM
+// readings are refreshed only once this much time has passed (the previous values are repeated).
+inline constexpr int64_t kGpmMinIntervalNanos = 100'000'000;
+
 struct GpuSourceOptions {
   // Library to dlopen; the default is what the NVIDIA driver installs.
   std::string nvml_library = "libnvidia-ml.so.1";
@@ -25,6 +36,8 @@ class GpuSource {
   virtual absl::StatusOr<std::vector<v1::GpuSample>> Sample(int64_t now_unix_nanos) = 0;
   // Fills nvml_available, nvml_error, driver_version and gpu_count.
   virtual void DescribeNode(v1::NodeInfo* node) const = 0;
+  // nvmlSystemGetNVMLVersion, or empty when unknown.
+  virtual std::string NvmlVersion() const { return std::string(); }
 };
 
 // Loads NVML and initialises it. Never fails: when NVML cannot be loaded the returned source

@@ -1,6 +1,5 @@
 // stepwatch-gpu-probe: reads the GPUs and the host the way stepwatch-agent does and prints what it
 // read, to check a machine's NVML (or the fake NVML) without a collector.
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -8,10 +7,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
+#include "common/flags.h"
 #include "google/protobuf/text_format.h"
 #include "gpu/gpu_source.h"
 #include "host/host_sampler.h"
@@ -31,23 +27,6 @@ int64_t NowUnixNanos() {
       .count();
 }
 
-// Flags are documented with dashes (--nvml-library); Abseil names use underscores.
-std::vector<char*> UnderscoreFlagNames(int argc, char** argv, std::vector<std::string>* storage) {
-  storage->assign(argv, argv + argc);
-  for (size_t i = 1; i < storage->size(); ++i) {
-    std::string& arg = (*storage)[i];
-    if (arg == "--") break;
-    if (arg.size() < 3 || arg[0] != '-' || arg[1] != '-') continue;
-    const size_t end = std::min(arg.find('='), arg.size());
-    for (size_t j = 2; j < end; ++j) {
-      if (arg[j] == '-') arg[j] = '_';
-    }
-  }
-  std::vector<char*> out;
-  for (std::string& arg : *storage) out.push_back(arg.data());
-  return out;
-}
-
 std::string Text(const google::protobuf::Message& m) {
   std::string out;
   google::protobuf::TextFormat::PrintToString(m, &out);
@@ -57,20 +36,14 @@ std::string Text(const google::protobuf::Message& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  stepwatch::FlagsSpec spec;
+  spec.program = "stepwatch-gpu-probe";
+  spec.main_file = "gpu/probe_main.cc";
+  spec.usage =
       "Prints what stepwatch reads from NVML and from the host.\n"
       "Usage: stepwatch-gpu-probe [--nvml-library=PATH] [--samples=N] [--interval=SECONDS]\n"
-      "       [--host-root=DIR]  (flag names may use dashes or underscores)");
-  // --help lists the flags defined in this file.
-  absl::FlagsUsageConfig usage_config;
-  usage_config.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "probe_main.cc");
-  };
-  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage_config);
-  std::vector<std::string> storage;
-  std::vector<char*> args = UnderscoreFlagNames(argc, argv, &storage);
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+      "       [--host-root=DIR]  (flag names may use dashes or underscores)";
+  stepwatch::ParseFlagsOrExit(argc, argv, spec);
   const int samples = absl::GetFlag(FLAGS_samples);
   const double interval = absl::GetFlag(FLAGS_interval);
   if (samples < 1 || samples > 3600 || !(interval > 0) || interval > 3600) {
@@ -89,6 +62,7 @@ int main(int argc, char** argv) {
   stepwatch::v1::NodeInfo node;
   gpus->DescribeNode(&node);
   printf("# node\n%s", Text(node).c_str());
+  printf("# nvml_version %s\n", gpus->NvmlVersion().c_str());
   bool ok = node.nvml_available();
   for (int i = 0; i < samples; ++i) {
     if (i > 0) std::this_thread::sleep_for(std::chrono::duration<double>(interval));

@@ -55,6 +55,13 @@ for i in $(seq 0 $((nodes - 1))); do
 done
 
 ctl=("$build/ctl/stepwatchctl" --collector="$grpc")
+job="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["job"])' "$scenario")"
+# Kept under the live view: where the collector listens and what to try next.
+hint="collector: gRPC $grpc, metrics http://$metrics/metrics; logs in $run_dir
+Try in another terminal:
+  $build/ctl/stepwatchctl --collector=$grpc explain $job   # where the step time goes, what to fix
+  $build/ctl/stepwatchctl --collector=$grpc report $job    # the job's whole life, also after it ends
+  curl -s http://$metrics/metrics | grep '^stepwatch_job_'"
 echo "demo: collector gRPC $grpc, Prometheus metrics at http://$metrics/metrics, logs in $run_dir"
 start=$(date +%s)
 while true; do
@@ -66,9 +73,10 @@ while true; do
   echo "stepwatch demo ($((now - start)) s) - metrics: http://$metrics/metrics - Ctrl-C to stop"
   echo "$screen"
   echo
+  echo "$hint"
   sleep 2
 done
 echo "=== final ==="
 "${ctl[@]}" status || true
 "${ctl[@]}" findings || true
-"${ctl[@]}" explain llm-pretrain || true
+"${ctl[@]}" explain "$job" || true

@@ -16,6 +16,7 @@ test_pkgs=(
   prometheus prometheus-alertmanager python3-torch curl procps iproute2
   python3-pip python3-setuptools
   python3-yaml shellcheck
+  openssl faketime socat
 )
 # kubectl checks the Kubernetes manifests offline; keep one that is already installed (some
 # machines carry kubectl from another package that conflicts with Debian's).

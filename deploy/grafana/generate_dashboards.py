@@ -232,12 +232,16 @@ def cluster_overview():
                            fmt="table"),
                     target("max by (job) (stepwatch_job_last_step)", ref="F", instant=True,
                            fmt="table"),
-                    target("sum by (job) (stepwatch_findings) or "
-                           "max by (job) (stepwatch_job_world_size) * 0", ref="G", instant=True,
+                    target("sum by (job) (max by (job, kind, severity) (stepwatch_findings)) "
+                           "or max by (job) (stepwatch_job_world_size) * 0", ref="G",
+                           instant=True, fmt="table"),
+                    target("count by (job) (max by (job, rank) (stepwatch_straggler)) or "
+                           "max by (job) (stepwatch_job_world_size) * 0", ref="H", instant=True,
                            fmt="table"),
                 ], {"job": "Job", "Value #A": "Step time", "Value #B": "Efficiency",
                     "Value #C": "Steps/s", "Value #D": "Samples/s", "Value #E": "World size",
-                    "Value #F": "Last step", "Value #G": "Findings"},
+                    "Value #F": "Last step", "Value #G": "Findings",
+                    "Value #H": "Flagged ranks"},
                 {"Step time": "s", "Efficiency": "percentunit", "Samples/s": "short"}), 24, 7)
     L.add(timeseries("Efficiency by job", "Ideal step time (median busy time) / actual step "
                      "time. Low: time goes to waiting for stragglers, communication or data.",
@@ -247,12 +251,14 @@ def cluster_overview():
                      [target("max by (job) (stepwatch_job_samples_per_second)", "{{job}}")],
                      "short", minimum=0), 12, 8)
     L.row("Findings")
-    L.add(table("Active findings", "One row per active finding (kind, job, rank, node, GPU). "
-                "Run `stepwatchctl explain JOB` for details.",
-                [target("max by (kind, severity, job, rank, node, gpu) (stepwatch_finding)",
-                        instant=True, fmt="table")],
+    L.add(table("Active findings", "One row per active finding: what (kind), where (job, "
+                "rank, node, GPU, pipeline stage) and why (cause). A slow node or a slow stage "
+                "is one row for all its ranks. Run `stepwatchctl explain JOB` for details.",
+                [target("max by (kind, severity, job, rank, node, gpu, stage, cause) "
+                        "(stepwatch_finding)", instant=True, fmt="table")],
                 {"kind": "Kind", "severity": "Severity", "job": "Job", "rank": "Rank",
-                 "node": "Node", "gpu": "GPU", "Value": "Active"}), 14, 8)
+                 "node": "Node", "gpu": "GPU", "stage": "Stage", "cause": "Cause",
+                 "Value": "Active"}), 14, 8)
     L.add(timeseries("Findings by kind", "Active findings over time, by kind.",
                      [target("sum by (kind) (stepwatch_findings)", "{{kind}}")], "short",
                      stacked=True, minimum=0), 10, 8)
@@ -290,8 +296,9 @@ def job_view():
                f"max by (job) (stepwatch_job_samples_per_second{J})", "short"), 4, 4)
     L.add(stat("Ranks reporting", "Ranks that reported recently / world size.",
                f"max by (job) (stepwatch_job_ranks_reporting{J})"), 4, 4)
-    L.add(stat("Stragglers", "Ranks flagged as stragglers now.",
-               f"sum by (job) (stepwatch_straggler{J}) or "
+    L.add(stat("Stragglers", "Ranks flagged now: alone, in a slow node or in the slowest "
+               "stage of an imbalanced pipeline.",
+               f"count by (job) (max by (job, rank) (stepwatch_straggler{J})) or "
                f"max by (job) (stepwatch_job_world_size{J}) * 0",
                thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}]),
           4, 4)
@@ -321,12 +328,13 @@ def job_view():
                                {"color": "orange", "value": 1.1},
                                {"color": "red", "value": 1.25}]), 12, 8)
     L.row("Ranks")
-    L.add(heatmap("Busy time per rank", "Median busy time (data + compute) of the job's "
-                  "slowest ranks (the collector's --top-ranks). A straggler is the row that "
-                  "stays dark.",
+    L.add(heatmap("Busy time per rank", "Median busy time (data + compute) of every flagged "
+                  "rank and the job's slowest others (the collector's --top-ranks). A straggler "
+                  "is the row that stays dark.",
                   [target(f"max by (rank) (stepwatch_rank_busy_seconds{J})", "{{rank}}")],
                   "s"), 14, 10)
-    L.add(bargauge("Busy time vs peers", "Busy time of the slowest ranks relative to their "
+    L.add(bargauge("Busy time vs peers", "Busy time of the flagged and slowest ranks relative "
+                   "to their "
                    "peers' median: 1.3 means 30% slower than a typical rank.",
                    [target(f"max by (job, rank, node) (stepwatch_rank_busy_vs_median_ratio{J})",
                            "rank {{rank}} on {{node}} ({{job}})", instant=True)], "x",
@@ -334,16 +342,25 @@ def job_view():
                    thresholds=[{"color": "green", "value": None},
                                {"color": "orange", "value": 1.06},
                                {"color": "red", "value": 1.15}]), 10, 10)
-    L.add(table("Stragglers", "Ranks flagged as stragglers, with their node. Look at the "
-                "node view for clocks, throttling and host CPU.",
+    L.add(table("Stragglers", "Every flagged rank (alone, in a slow node or in the slowest "
+                "pipeline stage), with its node. Look at the node view for clocks, throttling "
+                "and host CPU.",
                 [target(f"max by (job, rank, node) (stepwatch_straggler{J})", instant=True,
                         fmt="table")],
-                {"job": "Job", "rank": "Rank", "node": "Node", "Value": "Straggler"}), 12, 6)
-    L.add(table("Findings", "Active findings of the job.",
-                [target(f"max by (kind, severity, rank, node, gpu) (stepwatch_finding{J})",
-                        instant=True, fmt="table")],
+                {"job": "Job", "rank": "Rank", "node": "Node", "Value": "Straggler"}), 8, 8)
+    L.add(bargauge("Flagged ranks by node", "Flagged ranks on each node: a slow node shows "
+                   "all its ranks.",
+                   [target(f"count by (node) (max by (node, rank) (stepwatch_straggler{J}))",
+                           "{{node}}", instant=True)], "short", minimum=0,
+                   thresholds=[{"color": "green", "value": None},
+                               {"color": "red", "value": 1}]), 6, 8)
+    L.add(table("Findings", "Active findings of the job: what (kind), where (rank, node, GPU, "
+                "pipeline stage) and why (cause). Slow nodes and slow pipeline stages are one "
+                "row each.",
+                [target(f"max by (kind, severity, rank, node, gpu, stage, cause) "
+                        f"(stepwatch_finding{J})", instant=True, fmt="table")],
                 {"kind": "Kind", "severity": "Severity", "rank": "Rank", "node": "Node",
-                 "gpu": "GPU", "Value": "Active"}), 12, 6)
+                 "gpu": "GPU", "stage": "Stage", "cause": "Cause", "Value": "Active"}), 10, 8)
     L.add(timeseries("Progress", "Steps per second measured from the last reported step.",
                      [target(f"max by (job) (deriv(stepwatch_job_last_step{J}"
                              "[$__rate_interval]))", "{{job}}")], "short", minimum=0), 24, 6)
@@ -396,10 +413,10 @@ def node_view():
                      [target(f"max by (node, gpu) (stepwatch_gpu_memory_used_bytes{N})",
                              "{{node}} GPU {{gpu}}")], "bytes", minimum=0), 12, 8)
     L.add(table("GPU findings", "Active findings on these nodes.",
-                [target(f"max by (kind, severity, job, rank, node, gpu) (stepwatch_finding{N})",
-                        instant=True, fmt="table")],
+                [target(f"max by (kind, severity, job, rank, node, gpu, cause) "
+                        f"(stepwatch_finding{N})", instant=True, fmt="table")],
                 {"kind": "Kind", "severity": "Severity", "job": "Job", "rank": "Rank",
-                 "node": "Node", "gpu": "GPU", "Value": "Active"}), 12, 8)
+                 "node": "Node", "gpu": "GPU", "cause": "Cause", "Value": "Active"}), 12, 8)
     L.row("Host")
     L.add(timeseries("Host CPU utilization", "Busy fraction of all CPUs. A saturated host CPU "
                      "starves the data loader and the GPUs.",

@@ -11,10 +11,15 @@ What is measured, per step and rank (all on the host clock, time.perf_counter):
   one step.
   Forwards in eval mode or under torch.no_grad() end the open step and are not steps themselves.
 - data_s: time inside the DataLoader iterator's __next__ (only with a watched loader).
-- comm_s: time blocked in DDP's gradient all-reduce. A DDP communication hook launches the
-  all-reduce and waits for it inside the hook (chaining .then() on its future crashed ranks at exit
-  with PyTorch 1.13), so the time includes waiting for slower ranks. On CUDA the wait is measured
-  with CUDA events around the all-reduce on the current stream instead of the host clock.
+- comm_s: EXPOSED communication: the time the step is blocked waiting for DDP's gradient
+  all-reduces, not the time they take while backward still computes (overlapped, free). A DDP
+  communication hook launches each bucket's all-reduce and returns a future of its own; a callback
+  queued at the end of backward waits for the all-reduces, times that wait (which includes waiting
+  for slower ranks) and completes the futures, before DDP itself waits for them. (Chaining .then()
+  on the all-reduce's future crashed ranks at exit with PyTorch 1.13; this does not chain.) On
+  CUDA the wait is measured with CUDA events on the current stream instead of the host clock.
+  With static_graph=True, where DDP may launch the all-reduces after backward, each all-reduce is
+  waited for inside the hook, so it is all blocking and all counted.
 - compute_s: the rest of the step (forward, backward, optimizer, anything else in the loop).
 - samples: the leading dimension of the first tensor passed to forward, unless given.
 The event of a step is sent when the next step starts (or the epoch's loader is exhausted).
@@ -50,9 +55,10 @@ def watch(model, dataloader=None, *, reporter=None, samples=None, start_step=0, 
     reporter: a stepwatch.Reporter; default: one built from reporter_kwargs and the environment,
       with rank and world size from torch.distributed when it is initialized.
     samples: samples per step; default: the batch dimension of the forward's first tensor.
-    time_comm: time DDP's all-reduce with a communication hook (the default). False keeps DDP's
-      own hook and its overlap of communication with backward; events then carry step_s, data_s
-      and samples only, since compute cannot be told from communication.
+    time_comm: time the step's wait for DDP's all-reduces (exposed communication) with a
+      communication hook (the default); the all-reduces still overlap backward. False keeps DDP's
+      own hook; events then carry step_s, data_s and samples only, since compute cannot be told
+      from communication.
     Returns a Watch; Watch.close() stops reporting.
     """
     if reporter is None:
@@ -107,6 +113,8 @@ class Watch:
         self._comm_s = 0.0
         self._comm_events = []
         self._comm_seen = False
+        # All-reduces launched in this backward, waited for by a callback at its end.
+        self._pending_allreduces = None
         # Batches fetched since the last forward: they belong to the step that forward starts.
         self._fetch_start = None
         self._fetch_data = 0.0
@@ -166,6 +174,8 @@ class Watch:
 
     def _forward(self, inputs):
         now = _perf_counter()
+        # A backward that failed never ran its end callback: its all-reduces are not ours to wait.
+        self._pending_allreduces = None
         boundary = self._fetch_start if self._fetch_start is not None else now
         if not (self.model.training and torch.is_grad_enabled()):
             # Evaluation: closes the open step; its own time is no step.
@@ -269,22 +279,57 @@ class Watch:
         return True
 
     def _allreduce_hook(self, group, bucket):
-        """DDP's default all-reduce (average), waited for here so its blocking time is known."""
+        """DDP's default all-reduce (average), launched here and waited for at the end of backward,
+        so that only the time the step is blocked on it counts as comm_s."""
         buffer = bucket.buffer()
         world = group.size() if group is not None else dist.get_world_size()
         buffer.div_(world)
+        work = dist.all_reduce(buffer, group=group, async_op=True)
+        if buffer.is_cuda:
+            future = torch.futures.Future(devices=[buffer.device])
+        else:
+            future = torch.futures.Future()
         timed = self._active
-        cuda = buffer.is_cuda
+        if timed:
+            self._comm_seen = True
+        pending = self._pending_allreduces
+        if pending is None and not getattr(self.model, "static_graph", False):
+            pending = []
+            try:
+                # Queued before DDP's own end-of-backward callback (queued when the last bucket is
+                # ready), so the futures are complete when DDP waits for them.
+                torch.autograd.Variable._execution_engine.queue_callback(
+                    lambda: self._wait_allreduces(pending, timed))
+                self._pending_allreduces = pending
+            except Exception:  # not inside backward: wait here instead
+                pending = None
+        if pending is None:
+            self._wait_allreduces([(work, buffer, future)], timed)
+        else:
+            pending.append((work, buffer, future))
+        return future
+
+    def _wait_allreduces(self, pending, timed):
+        """Waits for the launched all-reduces, times the wait and completes their futures."""
+        if pending is self._pending_allreduces:
+            self._pending_allreduces = None
+        if not pending:
+            return
         start_event = None
-        if timed and cuda:
+        if timed and pending[0][1].is_cuda:
             try:
                 start_event = torch.cuda.Event(enable_timing=True)
                 start_event.record()
             except Exception:  # timing must never break the all-reduce
                 start_event = None
         start = _perf_counter()
-        dist.all_reduce(buffer, group=group, async_op=True).wait()
-        if timed:
+        error = None
+        for work, _buffer, _future in pending:
+            try:
+                work.wait()
+            except Exception as exc:  # DDP raises it when it waits for the future
+                error = exc
+        if timed and error is None:
             if start_event is not None:
                 try:
                     end_event = torch.cuda.Event(enable_timing=True)
@@ -293,17 +338,15 @@ class Watch:
                         self._comm_events.append((start_event, end_event))
                 except Exception:
                     pass
-            elif not cuda:
+            elif not pending[0][1].is_cuda:
                 elapsed = _perf_counter() - start
                 with self._lock:
                     self._comm_s += elapsed
-            self._comm_seen = True
-        if cuda:
-            future = torch.futures.Future(devices=[buffer.device])
-        else:
-            future = torch.futures.Future()
-        future.set_result(buffer)
-        return future
+        for _work, buffer, future in pending:
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(buffer)
 
     # ------------------------------------------------------------------ data loader
 

@@ -6,9 +6,11 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "gpu/gpu_source.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
 #include "tests/agent/test_util.h"
@@ -53,6 +55,8 @@ AgentMetricsSources FakeSources() {
     g0.add_pids(1234);
     v1::GpuSample g1;  // a GPU whose driver exposes nothing optional
     g1.set_index(1);
+    (*g1.mutable_unavailable_metrics())["sm_activity"] = "no_permission";
+    (*g1.mutable_unavailable_metrics())["utilization"] = "mig_enabled";
     n.gpus = {g0, g1};
     v1::HostSample h;
     h.set_cpu_count(32);
@@ -113,6 +117,30 @@ TEST(AgentMetricsTest, ExposesHealthAndNodeView) {
   EXPECT_DOUBLE_EQ(v("stepwatch_agent_host_cpu_utilization_ratio{node=node-7,}"), 0.25);
   EXPECT_EQ(v("stepwatch_agent_host_cpus{node=node-7,}"), 32);
   EXPECT_EQ(v("stepwatch_agent_host_network_receive_bytes_total{node=node-7,}"), 1000);
+}
+
+TEST(AgentMetricsTest, ExportsMetricAvailabilityPerGpu) {
+  AgentCollectable c(FakeSources());
+  const auto values = Flatten(c.Collect());
+  auto v = [&](int gpu, const std::string& metric, const std::string& reason) {
+    const std::string key =
+        absl::StrCat("stepwatch_agent_gpu_metric_available{node=node-7,gpu=", gpu,
+                     ",metric=", metric, ",reason=", reason, ",}");
+    auto it = values.find(key);
+    EXPECT_NE(it, values.end()) << key;
+    return it == values.end() ? -1 : it->second;
+  };
+  EXPECT_EQ(v(0, "sm_activity", "ok"), 1);
+  EXPECT_EQ(v(0, "utilization", "ok"), 1);
+  EXPECT_EQ(v(1, "sm_activity", "no_permission"), 0);
+  EXPECT_EQ(v(1, "utilization", "mig_enabled"), 0);
+  EXPECT_EQ(v(1, "power", "ok"), 1);
+  // One series per GPU and reading.
+  int series = 0;
+  for (const auto& [key, value] : values) {
+    series += key.rfind("stepwatch_agent_gpu_metric_available{", 0) == 0;
+  }
+  EXPECT_EQ(series, 2 * static_cast<int>(std::size(gpu::kGpuMetricNames)));
 }
 
 TEST(AgentMetricsTest, CountersEndInTotalAndFamiliesHaveHelp) {

@@ -1,6 +1,7 @@
 #include "agent/ingest_server.h"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -76,16 +77,18 @@ TEST_F(IngestServerTest, ReceivesValidEventsWithSenderPidAndTime) {
   EXPECT_EQ((*server)->stats().datagrams_total, 1u);
 }
 
-TEST_F(IngestServerTest, SocketIsWritableByEveryoneAndParentIsCreated) {
+TEST_F(IngestServerTest, SocketIsNotWorldWritableAndParentIsCreated) {
   IngestServerOptions o = Options();
   o.socket_path = dir_ + "/run/stepwatch/agent.sock";
+  o.socket_group = 65534;  // nogroup: the training users' group
   Received received;
   auto server = IngestServer::Start(o, received.Sink());
   ASSERT_TRUE(server.ok()) << server.status();
   struct stat st;
   ASSERT_EQ(::stat(o.socket_path.c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
-  EXPECT_EQ(st.st_mode & 0777, 0666u);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_gid, 65534u);
   ASSERT_EQ(::stat((dir_ + "/run/stepwatch").c_str(), &st), 0);
   EXPECT_TRUE(S_ISDIR(st.st_mode));
 }
@@ -114,6 +117,35 @@ TEST_F(IngestServerTest, CountsEveryKindOfBadInputAndKeepsRunning) {
   EXPECT_EQ(Rejected(s, RejectReason::kTooLarge), 1u);
   EXPECT_EQ(s.stats().events_accepted_total, 1u);
   EXPECT_EQ(received.size(), 1u);
+}
+
+TEST_F(IngestServerTest, ARankIsBoundToTheProcessThatReportsIt) {
+  Received received;
+  auto server = IngestServer::Start(Options(), received.Sink());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string path = (*server)->socket_path();
+  ASSERT_TRUE(SendDatagram(path, kEvent));  // this process now owns rank 1 of job j
+  ASSERT_TRUE(WaitFor([&] { return received.size() == 1; }));
+  // Another process forges rank 1 while this one runs, then reports a rank of its own.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const bool sent =
+        SendDatagram(path, R"({"job":"j","rank":1,"world_size":2,"step":8,"step_s":9.5})") &&
+        SendDatagram(path, R"({"job":"j","rank":0,"world_size":2,"step":8,"step_s":0.25})");
+    ::_exit(sent ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  ASSERT_TRUE(WaitFor([&] { return (*server)->stats().datagrams_total == 3; }));
+  EXPECT_EQ(Rejected(**server, RejectReason::kNotOwner), 1u);
+  ASSERT_EQ(received.size(), 2u);
+  EXPECT_EQ(received.events()[1].rank(), 0);
+  EXPECT_EQ(received.events()[1].pid(), child);
+  // The child is gone: its rank 0 may be taken over (a restarted rank).
+  ASSERT_TRUE(SendDatagram(path, R"({"job":"j","rank":0,"world_size":2,"step":9,"step_s":0.25})"));
+  ASSERT_TRUE(WaitFor([&] { return received.size() == 3; }));
 }
 
 TEST_F(IngestServerTest, ReplacesStaleSocketFile) {

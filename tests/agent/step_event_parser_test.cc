@@ -181,6 +181,24 @@ TEST(StepEventParserTest, RejectsOutOfRange) {
   EXPECT_FALSE(ParseStepEvent(WithField("data_s", "0"), &e).has_value());  // zero is fine
 }
 
+TEST(StepEventParserTest, RejectsAbsurdValuesAndControlCharacters) {
+  EXPECT_EQ(ReasonOf(WithField("step_s", "86401")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("compute_s", "1e300")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("comm_s", "90000")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("world_size", "2000000")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("gpu", "1024")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("local_rank", "100000")), RejectReason::kOutOfRange);
+  // A terminal escape sequence (ESC [ 2 J clears the screen), DEL, and a C1 control (U+009B,
+  // the one-byte CSI).
+  EXPECT_EQ(ReasonOf(WithField("job", R"("llm\u001b[2J")")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("job", R"("llm\u007f")")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(WithField("job", R"("llm\u009b31m")")), RejectReason::kOutOfRange);
+  v1::StepEvent e;
+  // Printable non-ASCII stays valid.
+  EXPECT_FALSE(ParseStepEvent(WithField("job", R"("modèle-é")"), &e).has_value());
+  EXPECT_FALSE(ParseStepEvent(WithField("step_s", "86400"), &e).has_value());
+}
+
 TEST(StepEventParserTest, RejectsDuplicateSpellings) {
   EXPECT_EQ(ReasonOf(R"({"job":"j","rank":0,"world_size":1,"worldSize":1,"step":0,"step_s":1})"),
             RejectReason::kDuplicateField);

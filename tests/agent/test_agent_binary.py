@@ -120,7 +120,7 @@ class AgentProcessTest(unittest.TestCase):
     def test_sigterm_stops_cleanly_and_removes_the_socket(self):
         agent = Agent(self.tmp, unused_collector(), node="n-2").start()
         self.assertIn("stepwatch-agent ready", agent.log())
-        self.assertEqual(os.stat(agent.socket_path).st_mode & 0o777, 0o666)
+        self.assertEqual(os.stat(agent.socket_path).st_mode & 0o777, 0o660)
         self.assertEqual(agent.process.stop(signal.SIGTERM, timeout=15), 0)
         self.assertFalse(os.path.exists(agent.socket_path))
 

@@ -350,6 +350,42 @@ TEST(ClientReporterTest, ConcurrentSendersLoseNothingSilently) {
   EXPECT_EQ(received.load(), sent);
 }
 
+// comm_s is exposed communication: a collective running on another thread while the step computes
+// costs the step nothing; only the time the step then waits for it is comm_s.
+TEST(ClientScopeTest, CommIsTheWaitNotTheOverlappedCollective) {
+  FakeAgent agent;
+  Reporter reporter(Options(agent));
+  using std::chrono::milliseconds;
+  for (const bool overlapped : {true, false}) {
+    std::atomic<bool> done{false};
+    {
+      StepScope step(reporter);
+      std::thread collective([&done] {
+        std::this_thread::sleep_for(milliseconds(200));
+        done = true;
+      });
+      {
+        PhaseScope compute(step, Phase::kCompute);
+        std::this_thread::sleep_for(milliseconds(overlapped ? 300 : 20));
+      }
+      {
+        PhaseScope comm(step, Phase::kComm);
+        collective.join();  // the step blocks here until the collective is done
+      }
+    }
+    ASSERT_TRUE(done);
+    json::Value v = ParseEvent(agent.Recv());
+    ASSERT_TRUE(v.is_object());
+    const double comm_s = v.Find("comm_s") != nullptr ? v.Find("comm_s")->as_double() : 0;
+    if (overlapped) {
+      EXPECT_LT(comm_s, 0.1);
+      EXPECT_GE(v.Find("compute_s")->as_double(), 0.3);
+    } else {
+      EXPECT_GT(comm_s, 0.15);
+    }
+  }
+}
+
 TEST(ClientScopeTest, TimesStepAndNestedPhases) {
   FakeAgent agent;
   Reporter reporter(Options(agent));

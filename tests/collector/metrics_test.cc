@@ -1,8 +1,12 @@
 #include "collector/metrics.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
 #include "tests/collector/test_util.h"
@@ -12,6 +16,8 @@ namespace {
 
 using prometheus::ClientMetric;
 using prometheus::MetricFamily;
+
+constexpr int64_t kSecond = 1'000'000'000;
 
 const MetricFamily* FindFamily(const std::vector<MetricFamily>& fams, const std::string& name) {
   for (const MetricFamily& f : fams) {
@@ -33,6 +39,7 @@ StateSnapshot SampleSnapshot() {
   s.node_down_nanos = 15'000'000'000;
   analysis::JobSnapshot j;
   j.job = "resnet";
+  j.split_known = true;
   j.world_size = 16;
   j.ranks_reporting = 16;
   j.last_step = 420;
@@ -49,6 +56,7 @@ StateSnapshot SampleSnapshot() {
   straggler.rank = 13;
   straggler.node = "node-2";
   straggler.gpu = 5;
+  straggler.cause = analysis::Cause::kThermalThrottling;
   s.findings.push_back(straggler);
   analysis::Finding underutil;
   underutil.kind = analysis::FindingKind::kUnderutilizedGpu;
@@ -82,6 +90,7 @@ StateSnapshot SampleSnapshot() {
   slow.node = "node-2";
   slow.busy_s = 0.131;
   slow.busy_vs_median_ratio = 1.31;
+  slow.straggler = true;
   s.top_ranks.emplace_back("resnet", slow);
   NodeView down;
   down.node = "node-3";
@@ -150,6 +159,148 @@ TEST(MetricsTest, DesignNamesAndLabels) {
   const MetricFamily* each = FindFamily(fams, "stepwatch_finding");
   ASSERT_NE(each, nullptr);
   EXPECT_EQ(each->metric.size(), 2u);
+  EXPECT_EQ(Label(each->metric[0], "cause"), "thermal_throttling");
+  EXPECT_EQ(Label(each->metric[0], "stage"), "");
+  EXPECT_EQ(Label(each->metric[1], "cause"), "unknown");
+}
+
+// A slow node's ranks and a slow pipeline stage's ranks carry no straggler finding of their own:
+// stepwatch_straggler comes from the ranks' flags, and the findings say where and why.
+TEST(MetricsTest, EveryFlaggedRankIsAStraggler) {
+  StateSnapshot s = SampleSnapshot();
+  for (int rank = 16; rank < 24; ++rank) {
+    analysis::RankSnapshot r;
+    r.rank = rank;
+    r.node = "node-4";
+    r.busy_vs_median_ratio = 1.2;
+    r.straggler = true;
+    s.top_ranks.emplace_back("resnet", r);
+  }
+  analysis::RankSnapshot unflagged;  // one of the top ranks, not flagged
+  unflagged.rank = 3;
+  unflagged.node = "node-0";
+  unflagged.busy_vs_median_ratio = 1.01;
+  s.top_ranks.emplace_back("resnet", unflagged);
+  analysis::Finding node;
+  node.kind = analysis::FindingKind::kSlowNode;
+  node.job = "resnet";
+  node.node = "node-4";
+  node.cause = analysis::Cause::kPowerThrottling;
+  s.findings.push_back(node);
+  analysis::Finding stage;
+  stage.kind = analysis::FindingKind::kPipelineImbalance;
+  stage.job = "resnet";
+  stage.stage = 2;
+  stage.cause = analysis::Cause::kMoreWork;
+  s.findings.push_back(stage);
+
+  std::vector<MetricFamily> fams = BuildMetricFamilies(s, {});
+  const MetricFamily* straggler = FindFamily(fams, "stepwatch_straggler");
+  ASSERT_NE(straggler, nullptr);
+  std::vector<std::string> ranks;
+  for (const ClientMetric& m : straggler->metric) ranks.push_back(Label(m, "rank"));
+  EXPECT_EQ(ranks,
+            (std::vector<std::string>{"13", "16", "17", "18", "19", "20", "21", "22", "23"}));
+  EXPECT_EQ(FindFamily(fams, "stepwatch_rank_busy_seconds")->metric.size(), 10u);
+
+  const MetricFamily* each = FindFamily(fams, "stepwatch_finding");
+  ASSERT_NE(each, nullptr);
+  std::map<std::string, std::pair<std::string, std::string>> where;  // kind -> (node|stage, cause)
+  for (const ClientMetric& m : each->metric) {
+    const std::string kind = Label(m, "kind");
+    where[kind] = {kind == "pipeline_imbalance" ? Label(m, "stage") : Label(m, "node"),
+                   Label(m, "cause")};
+  }
+  EXPECT_EQ(where["slow_node"],
+            std::make_pair(std::string("node-4"), std::string("power_throttling")));
+  EXPECT_EQ(where["pipeline_imbalance"],
+            std::make_pair(std::string("2"), std::string("more_work")));
+}
+
+// Without the split of the step, efficiency, time shares and what-ifs are unknown: no series,
+// rather than a made-up 100% compute.
+TEST(MetricsTest, UnknownSplitLeavesOutEfficiencyBreakdownAndWhatIfs) {
+  StateSnapshot s = SampleSnapshot();
+  s.jobs[0].split_known = false;
+  std::vector<MetricFamily> fams = BuildMetricFamilies(s, {});
+  for (const char* name : {"stepwatch_job_efficiency_ratio", "stepwatch_job_time_ratio",
+                           "stepwatch_job_whatif_speedup_ratio"}) {
+    EXPECT_EQ(FindFamily(fams, name), nullptr) << name;
+  }
+  const MetricFamily* known = FindFamily(fams, "stepwatch_job_split_known");
+  ASSERT_NE(known, nullptr);
+  EXPECT_EQ(known->metric[0].gauge.value, 0);
+  // What does not depend on the split stays.
+  EXPECT_NE(FindFamily(fams, "stepwatch_job_step_seconds"), nullptr);
+  EXPECT_NE(FindFamily(fams, "stepwatch_job_scaling_efficiency_ratio"), nullptr);
+}
+
+// Through the real state: flagged ranks of every job come before any job's merely slow ranks, the
+// cap holds, and what it leaves out is counted at each scrape.
+TEST(MetricsTest, RankSeriesCapKeepsFlaggedRanksFirst) {
+  FakeClock clock;
+  CollectorStateOptions options;
+  options.top_ranks_per_job = 2;
+  options.max_rank_series = 3;
+  CollectorState state(options, &clock);
+  // Jobs a and b, 8 ranks each; rank 5 of each computes 60% longer than its peers.
+  for (int step = 0; step < 60; ++step) {
+    ASSERT_TRUE(state.Apply(testing::StepBatch("n0", step + 1, "a", 8, step, 0.1, 5, 0.16)).ok());
+    ASSERT_TRUE(state.Apply(testing::StepBatch("n1", step + 1, "b", 8, step, 0.1, 5, 0.16)).ok());
+    clock.Advance(kSecond / 5);
+    state.Tick();
+  }
+  StateSnapshot snap = state.Snapshot();
+  std::vector<std::string> kept;
+  for (const auto& [job, r] : snap.top_ranks) kept.push_back(absl::StrCat(job, "/", r.rank));
+  // Flagged a/5 and b/5 first, then a's slowest unflagged rank; b's is left out by the cap.
+  EXPECT_EQ(kept, (std::vector<std::string>{"a/5", "b/5", "a/0"}));
+  EXPECT_EQ(snap.counters.rank_series_dropped, 1u);
+
+  std::vector<MetricFamily> fams = BuildMetricFamilies(state.Snapshot(), {});
+  const MetricFamily* straggler = FindFamily(fams, "stepwatch_straggler");
+  ASSERT_NE(straggler, nullptr);
+  ASSERT_EQ(straggler->metric.size(), 2u);
+  EXPECT_EQ(FindFamily(fams, "stepwatch_rank_busy_seconds")->metric.size(), 3u);
+  EXPECT_EQ(FindFamily(fams, "stepwatch_collector_series_dropped_total")->metric[0].counter.value,
+            2);  // one per scrape
+}
+
+TEST(MetricsTest, CollectableCountsFindingSeriesLeftOut) {
+  FakeClock clock;
+  CollectorState state({}, &clock);
+  for (int step = 0; step < 60; ++step) {
+    ASSERT_TRUE(state.Apply(testing::StepBatch("n0", step + 1, "a", 8, step, 0.1, 5, 0.16)).ok());
+    clock.Advance(kSecond / 5);
+    state.Tick();
+  }
+  const size_t findings = state.Snapshot().findings.size();
+  ASSERT_GE(findings, 1u);
+  MetricsOptions o;
+  o.max_finding_series = 0;
+  StateCollectable collectable(&state, o);
+  collectable.Collect();
+  std::vector<MetricFamily> fams = collectable.Collect();
+  EXPECT_EQ(FindFamily(fams, "stepwatch_finding"), nullptr);
+  const MetricFamily* dropped = FindFamily(fams, "stepwatch_collector_series_dropped_total");
+  ASSERT_NE(dropped, nullptr);
+  EXPECT_EQ(Label(dropped->metric[1], "family"), "finding");
+  EXPECT_EQ(dropped->metric[1].counter.value, 2.0 * findings);  // two scrapes
+}
+
+TEST(MetricsTest, DroppedRankSeriesAreCounted) {
+  StateSnapshot s = SampleSnapshot();
+  s.counters.rank_series_dropped = 7;
+  s.counters.finding_series_dropped = 3;
+  std::vector<MetricFamily> fams = BuildMetricFamilies(s, {});
+  const MetricFamily* dropped = FindFamily(fams, "stepwatch_collector_series_dropped_total");
+  ASSERT_NE(dropped, nullptr);
+  EXPECT_EQ(dropped->type, prometheus::MetricType::Counter);
+  ASSERT_EQ(dropped->metric.size(), 2u);
+  EXPECT_EQ(Label(dropped->metric[0], "family"), "rank");
+  EXPECT_EQ(dropped->metric[0].counter.value, 7);
+  EXPECT_EQ(Label(dropped->metric[1], "family"), "finding");
+  EXPECT_EQ(dropped->metric[1].counter.value, 3);
 }
 
 TEST(MetricsTest, NodeGpuAndHostSeriesInBaseUnits) {

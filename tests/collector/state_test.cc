@@ -151,11 +151,78 @@ TEST(CollectorStateTest, ExpiresJobsAndNodesUnseenForExpire) {
   EXPECT_EQ(state.Snapshot().counters.duplicate_batches, 0u);
 }
 
-v1::RankExit Exit(const std::string& job, int rank) {
+v1::RankExit Exit(const std::string& job, int rank, int pid = 4321) {
   v1::RankExit x;
   x.set_job(job);
   x.set_rank(rank);
+  x.set_pid(pid);
   return x;
+}
+
+uint64_t Refused(const CollectorCounters& c, const std::string& reason) {
+  auto it = c.refused.find(reason);
+  return it == c.refused.end() ? 0 : it->second;
+}
+
+TEST(CollectorStateTest, ANodeCannotEndRanksItNeverReported) {
+  FakeClock clock;
+  CollectorState state({}, &clock);
+  ASSERT_TRUE(state.Apply(StepBatch("n0", 1, "job", 2, 0, 0.1)).ok());
+  v1::ReportBatch forged = EmptyBatch("n1", 1);
+  *forged.add_rank_exits() = Exit("job", 0);
+  *forged.add_rank_exits() = Exit("job", 1);
+  ASSERT_TRUE(state.Apply(forged).ok());
+  v1::ReportBatch no_pid = EmptyBatch("n0", 2);
+  *no_pid.add_rank_exits() = Exit("job", 0, /*pid=*/0);
+  *no_pid.add_rank_exits() = Exit("job", 1, /*pid=*/0);
+  ASSERT_TRUE(state.Apply(no_pid).ok());
+  StateSnapshot s = state.Snapshot();
+  EXPECT_EQ(Refused(s.counters, "rank_exit_foreign"), 4u);
+  EXPECT_EQ(s.counters.jobs_finished, 0u);
+  EXPECT_EQ(state.Status().jobs_size(), 1);
+}
+
+TEST(CollectorStateTest, TimestampsFarFromTheCollectorClockAreReplaced) {
+  FakeClock clock;
+  CollectorStateOptions o;
+  o.max_clock_skew_nanos = 30 * kSecond;
+  CollectorState state(o, &clock);
+  uint64_t seq = 0;
+  // A node an hour fast: its stamps would move the engine's "now" an hour ahead, expiring every
+  // other job's pending steps before their ranks arrive.
+  v1::ReportBatch fast = StepBatch("fast", 1, "fast-job", 4, 0, 0.1);
+  for (v1::StepEvent& e : *fast.mutable_steps()) {
+    e.set_received_unix_nanos(clock.NowUnixNanos() + 3600 * kSecond);
+  }
+  ASSERT_TRUE(state.Apply(fast).ok());
+  EXPECT_EQ(state.Snapshot().counters.clock_skew_corrected, 4u);
+  // Another job's ranks arrive one batch each, as through different agents: still one step.
+  for (int step = 0; step < 40; ++step) {
+    for (int rank = 0; rank < 4; ++rank) {
+      v1::ReportBatch b = StepBatch("n0", ++seq, "slow-job", 4, step, 0.1, 2, 0.13);
+      v1::StepEvent e = b.steps(rank);
+      b.clear_steps();
+      e.set_received_unix_nanos(clock.NowUnixNanos());
+      *b.add_steps() = e;
+      ASSERT_TRUE(state.Apply(b).ok());
+    }
+    clock.Advance(kSecond / 10);
+  }
+  const v1::FindingsResponse findings = state.Findings("slow-job");
+  ASSERT_EQ(findings.findings_size(), 1);
+  EXPECT_EQ(findings.findings(0).kind(), "straggler");
+  EXPECT_EQ(findings.findings(0).rank(), 2);
+}
+
+TEST(CollectorStateTest, NamesWithControlCharactersAreRefused) {
+  FakeClock clock;
+  CollectorState state({}, &clock);
+  ASSERT_TRUE(state.Apply(StepBatch("n0", 1, "evil\x1b[2J", 2, 0, 0.1)).ok());
+  ASSERT_TRUE(state.Apply(StepBatch("n0", 2, std::string(300, 'j'), 2, 0, 0.1)).ok());
+  EXPECT_EQ(RejectedFor(state.Snapshot().counters, "invalid"), 4u);
+  EXPECT_EQ(state.Status().jobs_size(), 0);
+  EXPECT_EQ(state.Apply(StepBatch("node\x07", 1, "job", 2, 0, 0.1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CollectorStateTest, JobWhoseRanksAllExitedIsForgottenWithoutAStall) {

@@ -1,10 +1,12 @@
 #include "ctl/format.h"
 
+#include <cmath>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 
 namespace stepwatch::ctl {
@@ -160,6 +162,7 @@ v1::ExplainResponse SampleExplain(int ranks, int straggler) {
     row->set_comm_seconds(0.2 - busy);
     row->set_busy_vs_median_ratio(busy / 0.12);
     row->set_straggler(r == straggler);
+    row->set_comparable(true);
   }
   v1::Finding* f = e.add_findings();
   f->set_kind("straggler");
@@ -204,6 +207,130 @@ TEST(FormatTest, ExplainOfAHugeJobKeepsFlaggedAndSlowestRanks) {
   EXPECT_NE(out.find("  99 "), std::string::npos) << out;  // slowest unflagged
   EXPECT_EQ(out.find("  50 "), std::string::npos) << out;
   EXPECT_NE(out.find("95 more ranks closer to the median not shown"), std::string::npos) << out;
+}
+
+// Line number (0-based) of the first line containing `needle`, or -1.
+int LineOf(const std::string& text, const std::string& needle) {
+  std::vector<std::string> lines = Lines(text);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (lines[i].find(needle) != std::string::npos) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+TEST(FormatTest, ExplainRanksWhatIfsLargestFirst) {
+  v1::ExplainResponse e = SampleExplain(8, 6);
+  (*e.mutable_whatif_speedup_ratio())["stragglers"] = 1.04;
+  (*e.mutable_whatif_speedup_ratio())["overlap"] = 1.2;
+  (*e.mutable_whatif_speedup_ratio())["data"] = 1.5;
+  std::string out = FormatExplain(e);
+  const int data = LineOf(out, "no data-loading stall");
+  const int overlap = LineOf(out, "communication fully overlapped");
+  const int stragglers = LineOf(out, "stragglers fixed");
+  ASSERT_GE(data, 0) << out;
+  EXPECT_LT(data, overlap) << out;
+  EXPECT_LT(overlap, stragglers) << out;
+  EXPECT_NE(out.find("Best single fix: no data-loading stall (1.50x faster)"), std::string::npos)
+      << out;
+  // The overlap what-if assumes all communication can hide: an upper bound.
+  std::vector<std::string> lines = Lines(out);
+  EXPECT_NE(lines[overlap].find("upper bound"), std::string::npos) << out;
+  EXPECT_EQ(lines[data].find("upper bound"), std::string::npos) << out;
+}
+
+TEST(FormatTest, ExplainCombinesTheRemovedShares) {
+  v1::ExplainResponse e = SampleExplain(8, 6);  // compute 60%: at most 40% can go
+  const double s1 = 1.33, s2 = 1.1, s3 = 1.05;
+  const double removed = (1 - 1 / s1) + (1 - 1 / s2) + (1 - 1 / s3);
+  WhatIfSummary summary = SummarizeWhatIf(e);
+  EXPECT_NEAR(summary.best_speedup, 1.33, 1e-9);
+  EXPECT_NEAR(summary.combined_speedup, 1 / (1 - removed), 1e-9);
+  EXPECT_GT(summary.combined_speedup, s1 * 1.2);  // more than the best alone
+  EXPECT_FALSE(summary.combined_clamped);
+  EXPECT_TRUE(summary.combined_is_upper_bound);
+  std::string out = FormatExplain(e);
+  EXPECT_NE(
+      out.find(absl::StrFormat("All fixed together: up to %.2fx faster", summary.combined_speedup)),
+      std::string::npos)
+      << out;
+
+  // Without the overlap what-if the combined gain is an estimate, not a bound.
+  e.mutable_whatif_speedup_ratio()->erase("overlap");
+  summary = SummarizeWhatIf(e);
+  EXPECT_FALSE(summary.combined_is_upper_bound);
+  EXPECT_NEAR(summary.combined_speedup, 1 / ((1 / s1) + (1 / s3) - 1), 1e-9);
+}
+
+TEST(FormatTest, ExplainClampsTheCombinedGain) {
+  v1::ExplainResponse e;
+  (*e.mutable_whatif_speedup_ratio())["stragglers"] = 10;
+  (*e.mutable_whatif_speedup_ratio())["data"] = 10;  // 90% + 90% of the step cannot both go
+  WhatIfSummary summary = SummarizeWhatIf(e);
+  EXPECT_TRUE(summary.combined_clamped);
+  EXPECT_TRUE(std::isfinite(summary.combined_speedup));
+  EXPECT_NEAR(summary.combined_speedup, 20, 1e-9);  // 5% of the step always remains
+  // With a known compute share, that share remains.
+  (*e.mutable_time_ratio())["compute"] = 0.5;
+  summary = SummarizeWhatIf(e);
+  EXPECT_TRUE(summary.combined_clamped);
+  EXPECT_NEAR(summary.combined_speedup, 10, 1e-9);  // never below the best single fix
+  (*e.mutable_time_ratio())["compute"] = 0.02;
+  (*e.mutable_whatif_speedup_ratio())["data"] = 1;
+  summary = SummarizeWhatIf(e);
+  EXPECT_FALSE(summary.combined_clamped);
+  EXPECT_NEAR(summary.combined_speedup, 10, 1e-9);
+}
+
+TEST(FormatTest, ExplainOfUnknownBreakdownSaysSoInsteadOfAllCompute) {
+  v1::ExplainResponse e = SampleExplain(4, -1);
+  e.clear_time_ratio();
+  e.clear_whatif_speedup_ratio();
+  for (v1::RankRow& r : *e.mutable_ranks()) r.set_comparable(false);
+  std::string out = FormatExplain(e);
+  EXPECT_EQ(out.find("100.0%"), std::string::npos) << out;
+  EXPECT_EQ(out.find("0.0%"), std::string::npos) << out;
+  EXPECT_NE(out.find("ranks report only their step time"), std::string::npos) << out;
+  std::vector<std::string> lines = Lines(out);
+  const int compute = LineOf(out, "  compute");
+  ASSERT_GE(compute, 0) << out;
+  EXPECT_NE(lines[compute].find("-"), std::string::npos) << out;
+  EXPECT_EQ(out.find("Best single fix"), std::string::npos) << out;
+  // Ranks that cannot be compared show "-", not "+0%".
+  EXPECT_EQ(out.find("+0%"), std::string::npos) << out;
+  int rank_rows = 0;
+  for (const std::string& line : lines) {
+    if (line.find("node-0") == std::string::npos) continue;
+    ++rank_rows;
+    std::istringstream words(line);
+    std::vector<std::string> cells;
+    for (std::string w; words >> w;) cells.push_back(w);
+    ASSERT_GE(cells.size(), 2u) << line;
+    EXPECT_EQ(cells[cells.size() - 2], "-") << line;  // VS MEDIAN, before the bar
+  }
+  EXPECT_EQ(rank_rows, 4) << out;
+
+  // A breakdown of all zeros with what-ifs of 1 (nothing known) reads the same.
+  for (const char* c : {"compute", "imbalance", "comm", "data", "other"}) {
+    (*e.mutable_time_ratio())[c] = 0;
+  }
+  for (const char* fix : {"stragglers", "overlap", "data"}) {
+    (*e.mutable_whatif_speedup_ratio())[fix] = 1;
+  }
+  const std::string zeros = FormatExplain(e);
+  EXPECT_NE(zeros.find("ranks report only their step time"), std::string::npos) << zeros;
+  EXPECT_EQ(zeros.find("0.0%"), std::string::npos) << zeros;
+  EXPECT_EQ(zeros.find("1.00x faster"), std::string::npos) << zeros;
+}
+
+TEST(FormatTest, ExplainShowsEachFindingsCauseAndAction) {
+  v1::ExplainResponse e = SampleExplain(8, 6);
+  e.mutable_findings(0)->set_cause("thermal_throttle");
+  e.mutable_findings(0)->set_action("check the cooling of node-0 GPU 6");
+  std::string out = FormatExplain(e);
+  const int finding = LineOf(out, "[warning] straggler since step 450");
+  ASSERT_GE(finding, 0) << out;
+  EXPECT_EQ(LineOf(out, "cause: thermal_throttle"), finding + 1) << out;
+  EXPECT_EQ(LineOf(out, "action: check the cooling of node-0 GPU 6"), finding + 2) << out;
 }
 
 TEST(FormatTest, JsonUsesProtoFieldNamesAndPrintsDefaults) {

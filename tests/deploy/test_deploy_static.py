@@ -81,6 +81,20 @@ def exported_metric_sources():
     return "\n".join(text)
 
 
+def engine_vocabulary():
+    """(finding kind names, cause names) as analysis/engine.h documents them; empty when absent."""
+    path = os.path.join(SOURCE_DIR, "analysis", "engine.h")
+    if not os.path.exists(path):
+        return [], []
+    with open(path) as f:
+        text = f.read()
+    m = re.search(r"((?://.*\n)+)const char\* FindingKindName", text)
+    kinds = re.findall(r'"(\w+)"', m.group(1)) if m else []
+    m = re.search(r"enum class Cause \{(.*?)\};", text, re.S)
+    causes = re.findall(r'k\w+,\s*// "(\w+)"', m.group(1)) if m else []
+    return kinds, causes
+
+
 def is_exported(name, sources):
     if f'"{name}"' in sources:
         return True
@@ -110,13 +124,48 @@ class PrometheusRulesTest(unittest.TestCase):
     def test_alerts_say_what_where_and_what_to_look_at(self):
         for rule in alert_rules():
             with self.subTest(alert=rule["alert"]):
-                self.assertIn(rule["labels"]["severity"], ("warning", "critical"))
+                self.assertIn(rule["labels"]["severity"], ("info", "warning", "critical"))
                 for key in ("summary", "description", "action"):
                     self.assertTrue(rule["annotations"].get(key), key)
                 # Training alerts point at stepwatchctl explain for their job.
                 if "$labels.job" in rule["annotations"]["summary"]:
                     self.assertIn("stepwatchctl explain {{ $labels.job }}",
                                   rule["annotations"]["action"])
+
+    def test_one_alert_per_finding_kind_says_where_and_why(self):
+        """Every kind of the collector's findings has an alert built on stepwatch_finding that
+        keeps the labels saying where (per kind) and why (cause), deduplicated with max by."""
+        kinds, _ = engine_vocabulary()
+        if not kinds:
+            self.skipTest("analysis sources not present")
+        where = {"straggler": {"job", "rank", "node", "gpu"}, "slow_node": {"job", "node"},
+                 "pipeline_imbalance": {"job", "stage"},
+                 "underutilized_gpu": {"job", "node", "gpu"}, "idle_gpu": {"node", "gpu"},
+                 "scaling_efficiency": {"job"}, "regression": {"job"}, "stall": {"job"}}
+        self.assertEqual(set(kinds), set(where), "a finding kind without a known alert shape")
+        for kind in kinds:
+            with self.subTest(kind=kind):
+                rules = [r for r in alert_rules()
+                         if f'stepwatch_finding{{kind="{kind}"}}' in r["expr"]]
+                self.assertEqual(len(rules), 1, f"alerts on {kind} findings")
+                m = re.search(r'max by \(([\w, ]+)\) \(stepwatch_finding\{kind="' + kind,
+                              rules[0]["expr"])
+                self.assertIsNotNone(m, rules[0]["expr"])
+                labels = {x.strip() for x in m.group(1).split(",")}
+                self.assertLessEqual(where[kind] | {"cause"}, labels)
+                self.assertNotIn("instance", labels)
+                self.assertIn("$labels.cause", rules[0]["annotations"]["summary"] +
+                              rules[0]["annotations"]["description"])
+
+    def test_alerts_document_the_cause_vocabulary(self):
+        _, causes = engine_vocabulary()
+        if not causes:
+            self.skipTest("analysis sources not present")
+        with open(ALERTS_FILE) as f:
+            text = f.read()
+        self.assertGreaterEqual(len(causes), 14)
+        for cause in causes:
+            self.assertRegex(text, rf"\b{cause}\b", "cause missing from the alerts' comment")
 
     def test_alert_metrics_are_exported(self):
         sources = exported_metric_sources()
@@ -368,6 +417,70 @@ class KubernetesTest(unittest.TestCase):
         self.assertIn(("PersistentVolumeClaim", claim), self.objects)
         self.check_service_targets("stepwatch-collector", labels, c)
 
+    def tls_secret_file(self, spec, container, path):
+        """The Certificate whose Secret, mounted in `container`, holds the file at `path`."""
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        directory, name = os.path.split(path)
+        self.assertIn(name, ("tls.crt", "tls.key", "ca.crt"), path)
+        self.assertIn(directory, mounts, path)
+        secret = volumes[mounts[directory]]["secret"]["secretName"]
+        certs = [d for (kind, _), d in self.objects.items()
+                 if kind == "Certificate" and d["spec"]["secretName"] == secret]
+        self.assertEqual(len(certs), 1, f"no Certificate writes Secret {secret}")
+        return certs[0]
+
+    def test_grpc_is_mutual_tls_from_cert_manager(self):
+        spec = self.pod_spec("Deployment", "stepwatch-collector")
+        (collector,) = spec["containers"]
+        cflags = self.flags(collector)
+        server = self.tls_secret_file(spec, collector, cflags["tls-cert"])
+        self.assertIs(self.tls_secret_file(spec, collector, cflags["tls-key"]), server)
+        self.assertIs(self.tls_secret_file(spec, collector, cflags["tls-client-ca"]), server)
+        self.assertIn("server auth", server["spec"]["usages"])
+        # The kubelet's gRPC probe cannot speak TLS.
+        for probe in ("livenessProbe", "readinessProbe"):
+            self.assertNotIn("grpc", collector.get(probe, {}), probe)
+
+        aspec = self.pod_spec("DaemonSet", "stepwatch-agent")
+        (agent,) = aspec["containers"]
+        aflags = self.flags(agent)
+        client = self.tls_secret_file(aspec, agent, aflags["tls-cert"])
+        self.assertIs(self.tls_secret_file(aspec, agent, aflags["tls-key"]), client)
+        self.assertIn("client auth", client["spec"]["usages"])
+        self.tls_secret_file(aspec, agent, aflags["tls-ca"])
+        # The agent verifies that the collector's certificate names the host it dials.
+        host = aflags["collector"].rsplit(":", 1)[0]
+        self.assertIn(host, server["spec"]["dnsNames"])
+        # A certificate shared by every agent names no node: the node check must be off.
+        self.assertEqual(cflags.get("verify-node-identity"), "false")
+
+        # Every Certificate chains to the CA Issuer, which the self-signed Issuer bootstraps.
+        ca_issuer = self.objects[("Issuer", server["spec"]["issuerRef"]["name"])]
+        ca_cert = [d for (kind, _), d in self.objects.items() if kind == "Certificate" and
+                   d["spec"]["secretName"] == ca_issuer["spec"]["ca"]["secretName"]]
+        self.assertEqual(len(ca_cert), 1)
+        self.assertTrue(ca_cert[0]["spec"]["isCA"])
+        root = self.objects[("Issuer", ca_cert[0]["spec"]["issuerRef"]["name"])]
+        self.assertIn("selfSigned", root["spec"])
+        for (kind, name), doc in self.objects.items():
+            if kind == "Certificate" and doc is not ca_cert[0]:
+                self.assertEqual(doc["spec"]["issuerRef"]["name"],
+                                 ca_issuer["metadata"]["name"], name)
+        reader = self.objects[("Certificate", "stepwatch-reader")]
+        self.assertIn("client auth", reader["spec"]["usages"])
+
+    def test_agent_socket_is_for_the_training_group_only(self):
+        spec = self.pod_spec("DaemonSet", "stepwatch-agent")
+        flags = self.flags(spec["containers"][0])
+        self.assertEqual(flags["socket-mode"], "0660")
+        gid = int(flags["socket-group"])  # a number: the image's /etc/group knows no such name
+        # Membership lets the agent (no CAP_CHOWN) give the socket that group.
+        self.assertIn(gid, spec["securityContext"]["supplementalGroups"])
+        job = load_yaml(os.path.join(K8S, "examples", "training-job.yaml"))
+        self.assertIn(gid, job["spec"]["template"]["spec"]["securityContext"]
+                      ["supplementalGroups"])
+
     def test_service_monitors_match_services_and_alert_jobs(self):
         alert_exprs = " ".join(r["expr"] for r in alert_rules())
         for name in ("stepwatch-collector", "stepwatch-agent"):
@@ -418,6 +531,74 @@ class SystemdTest(unittest.TestCase):
             output = result.stdout + result.stderr
             self.assertEqual(result.returncode, 0, output)
             self.assertNotRegex(output, r"Unknown (key|section)|ignoring|Failed to parse", output)
+
+    def test_units_use_mutual_tls_and_a_group_socket(self):
+        def unit(name):
+            with open(os.path.join(DEPLOY, "systemd", name)) as f:
+                text = f.read()
+            start = re.search(r"(?m)^ExecStart=(.*)$", text).group(1)
+            flags = dict(re.findall(r"--([\w-]+)=(\S+)", start))
+            env = dict(re.findall(r"(?m)^Environment=(\w+)=(.*)$", text))
+            groups = re.search(r"(?m)^SupplementaryGroups=(.*)$", text).group(1).split()
+            expand = lambda v: v.replace("${STEPWATCH_TLS_DIR}", env["STEPWATCH_TLS_DIR"])
+            return {k: expand(v) for k, v in flags.items()}, groups
+
+        tls = "/etc/stepwatch/tls/"
+        collector, groups = unit("stepwatch-collector.service")
+        self.assertEqual(collector["tls-cert"], tls + "collector.pem")
+        self.assertEqual(collector["tls-key"], tls + "collector.key")
+        self.assertEqual(collector["tls-client-ca"], tls + "ca.pem")
+        self.assertNotIn("verify-node-identity", collector)  # per-node certificates
+        self.assertIn("stepwatch-tls", groups)
+        agent, groups = unit("stepwatch-agent.service")
+        self.assertEqual(agent["tls-ca"], collector["tls-client-ca"])
+        # The node's own certificate, named like --node: the collector checks that they match.
+        self.assertEqual(agent["node"], "%H")
+        self.assertEqual(agent["tls-cert"], tls + "%H.pem")
+        self.assertEqual(agent["tls-key"], tls + "%H.key")
+        self.assertEqual(agent["socket-mode"], "0660")
+        self.assertIn(agent["socket-group"], groups)
+        self.assertIn("stepwatch-tls", groups)
+
+
+class SecurityDocsTest(unittest.TestCase):
+    """docs/security.md names real flags, metrics and refusal reasons."""
+    # Flags of other programs that the page shows (sidecars, groupadd).
+    OTHER_TOOLS = {"secure-listen-address", "upstream", "tls-cert-file", "tls-private-key-file",
+                   "listen", "target", "system"}
+
+    @classmethod
+    def setUpClass(cls):
+        with open(os.path.join(SOURCE_DIR, "docs", "security.md")) as f:
+            cls.text = f.read()
+
+    def test_flags_exist(self):
+        defined = set()
+        for main in ("collector/main.cc", "agent/main.cc", "ctl/main.cc"):
+            path = os.path.join(SOURCE_DIR, main)
+            if not os.path.exists(path):
+                self.skipTest("sources not present")
+            with open(path) as f:
+                defined |= set(re.findall(r"ABSL_FLAG\([\w:]+, (\w+),", f.read()))
+        used = set(re.findall(r"(?<![\w-])--([a-z][a-z0-9-]+)", self.text)) - self.OTHER_TOOLS
+        self.assertGreaterEqual(len(used), 15)
+        for flag in sorted(used):
+            self.assertIn(flag.replace("-", "_"), defined, f"--{flag} is no stepwatch flag")
+
+    def test_counters_and_reasons_exist(self):
+        sources = exported_metric_sources()
+        if '"stepwatch_job_step_seconds"' not in sources:
+            self.skipTest("collector sources not present")
+        names = set(re.findall(r"\b(stepwatch_[a-z0-9_]+)", self.text))
+        self.assertGreaterEqual(len(names), 5)
+        for name in names:
+            self.assertTrue(is_exported(name, sources), f"{name} is exported by nobody")
+        with open(os.path.join(SOURCE_DIR, "agent", "step_event_parser.cc")) as f:
+            sources += f.read()
+        for reason in re.findall(r'reason="(\w+)"', self.text):
+            self.assertTrue(f'"{reason}"' in sources, f"no counter reason {reason}")
+        for reason in ("node_mismatch", "rank_exit_foreign", "not_owner", "out_of_range"):
+            self.assertIn(f"`{reason}`", self.text)
 
 
 class SlurmTest(unittest.TestCase):

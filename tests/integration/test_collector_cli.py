@@ -2,12 +2,41 @@
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import tempfile
 import unittest
 
-from harness import Collector, build_path, ctl, ctl_json, free_port, scrape, metric_value
+from harness import (SOURCE_DIR, Agent, Collector, build_path, ctl, ctl_json, free_port, scrape,
+                     metric_value, send_step, step_event, wait_until)
+
+
+def project_version():
+    """VERSION of project() in the top-level CMakeLists.txt: what --version must print."""
+    with open(os.path.join(SOURCE_DIR, "CMakeLists.txt")) as f:
+        return re.search(r"project\(stepwatch VERSION ([0-9.]+)", f.read()).group(1)
+
+
+def run(binary, *args, timeout=30):
+    return subprocess.run([build_path(binary), *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+class BusyPort:
+    """A listening TCP socket on a loopback port, as another server would hold it."""
+
+    def __enter__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.addr = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        return self
+
+    def __exit__(self, *exc):
+        self.sock.close()
+        return False
 
 
 class CollectorCliTest(unittest.TestCase):
@@ -36,6 +65,109 @@ class CollectorCliTest(unittest.TestCase):
             result = ctl(c.grpc_addr, "explain", "no-such-job")
             self.assertEqual(result.returncode, 1)
             self.assertIn('no job named "no-such-job"', result.stderr)
+
+    def test_findings_of_an_unknown_job_fail_clearly(self):
+        with Collector(self.tmpdir) as c, Agent(self.tmpdir, c.grpc_addr) as a:
+            for step in range(3):
+                for rank in range(2):
+                    send_step(a.socket_path, step_event("healthy", rank, 2, step, 0.1))
+            wait_until(lambda: any(j["job"] == "healthy"
+                                   for j in ctl_json(c.grpc_addr, "status")["jobs"]),
+                       message="job healthy in status")
+            known = ctl(c.grpc_addr, "findings", "healthy")
+            self.assertEqual(known.returncode, 0, known.stderr)
+            self.assertIn("No active findings.", known.stdout)
+            for args in (["findings", "no-such-job"], ["findings", "no-such-job", "--json"],
+                         ["explain", "no-such-job"]):
+                result = ctl(c.grpc_addr, *args)
+                self.assertEqual(result.returncode, 1, args)
+                self.assertEqual(result.stderr, 'stepwatchctl: no job named "no-such-job"\n', args)
+                self.assertEqual(result.stdout, "", args)
+
+    def test_explain_says_what_it_cannot_know(self):
+        # Ranks that send only step_s cannot be split into compute and communication, nor
+        # compared with each other: explain shows "-", never 100% compute or +0%.
+        with Collector(self.tmpdir) as c, Agent(self.tmpdir, c.grpc_addr) as a:
+            for step in range(12):
+                for rank in range(4):
+                    send_step(a.socket_path, step_event("totals", rank, 4, step, 0.1))
+                    send_step(a.socket_path, step_event(
+                        "split", rank, 4, step, 0.1, data_s=0.01, compute_s=0.06 + 0.001 * rank,
+                        comm_s=0.03 - 0.001 * rank))
+
+            def ranks(job):
+                result = ctl(c.grpc_addr, "explain", job, "--json")
+                if result.returncode != 0:
+                    return None
+                explained = json.loads(result.stdout)
+                return explained if len(explained["ranks"]) == 4 else None
+
+            totals = wait_until(lambda: ranks("totals"), message="4 ranks of job totals")
+            split = wait_until(lambda: ranks("split") if all(
+                r["comparable"] for r in ranks("split")["ranks"]) else None,
+                message="4 comparable ranks of job split")
+            # Unknown: absent, or all zero (never 100% compute).
+            self.assertFalse(any(totals["time_ratio"].values()), totals)
+            self.assertEqual([r["comparable"] for r in totals["ranks"]], [False] * 4, totals)
+            self.assertGreater(split["time_ratio"]["compute"], 0, split)
+            text = ctl(c.grpc_addr, "explain", "totals").stdout
+            self.assertIn("ranks report only their step time", text)
+            self.assertNotIn("100.0%", text)
+            self.assertNotIn("+0%", text)
+
+    def test_every_binary_prints_its_version(self):
+        version = project_version()
+        for binary in ("stepwatch-collector", "stepwatch-agent", "stepwatchctl", "stepwatch-sim",
+                       "stepwatch-gpu-probe"):
+            result = run(binary, "--version")
+            self.assertEqual(result.returncode, 0, (binary, result.stderr))
+            self.assertEqual(result.stdout, f"{binary} {version}\n", binary)
+
+    def test_missing_state_dir_is_created_with_its_parents(self):
+        state_dir = os.path.join(self.tmpdir, "new", "nested", "state")
+        c = Collector(self.tmpdir, state_dir=state_dir)
+        c.start()
+        try:
+            self.assertTrue(os.path.isdir(state_dir))
+            rc = c.process.stop(signal.SIGTERM)
+        finally:
+            c.stop()
+        self.assertEqual(rc, 0, c.log())
+        self.assertTrue(os.path.exists(os.path.join(state_dir, "scaling_history")), c.log())
+
+    def test_unusable_state_dir_stops_the_collector_at_start(self):
+        blocker = os.path.join(self.tmpdir, "a-file")
+        with open(blocker, "w") as f:
+            f.write("not a directory\n")
+        cases = [os.path.join(blocker, "state")]
+        if os.geteuid() != 0:  # root writes anywhere: only a non-root run can test permissions
+            read_only = os.path.join(self.tmpdir, "read-only")
+            os.mkdir(read_only, 0o500)
+            cases.append(read_only)
+        for state_dir in cases:
+            result = run("stepwatch-collector", "--grpc-listen=127.0.0.1:0",
+                         "--metrics-listen=127.0.0.1:0", f"--state-dir={state_dir}")
+            self.assertEqual(result.returncode, 1, result.stderr)
+            lines = result.stderr.splitlines()
+            self.assertEqual(len(lines), 1, result.stderr)
+            self.assertTrue(lines[0].startswith(f"stepwatch-collector: --state-dir={state_dir}: "),
+                            result.stderr)
+            self.assertNotIn("ready", result.stderr)
+
+    def test_a_port_in_use_is_named_in_one_line(self):
+        tmp_socket = os.path.join(self.tmpdir, "agent.sock")
+        for binary, flag, others in (
+                ("stepwatch-collector", "--grpc-listen", ["--metrics-listen=127.0.0.1:0"]),
+                ("stepwatch-collector", "--metrics-listen", ["--grpc-listen=127.0.0.1:0"]),
+                ("stepwatch-agent", "--metrics-listen", [f"--socket={tmp_socket}",
+                                                         "--nvml-library=/nonexistent"])):
+            with BusyPort() as busy:
+                result = run(binary, f"{flag}={busy.addr}", *others)
+            self.assertEqual(result.returncode, 1, (binary, flag, result.stderr))
+            self.assertEqual(result.stderr,
+                             f"{binary}: {flag}={busy.addr}: address already in use\n",
+                             (binary, flag))
+            self.assertFalse(os.path.exists(tmp_socket))
 
     def test_unreachable_collector(self):
         addr = f"127.0.0.1:{free_port()}"

@@ -2,6 +2,7 @@
 nodes finish their compute late. Runs the real demo script for a bounded time."""
 
 import os
+import re
 import subprocess
 import unittest
 
@@ -27,6 +28,18 @@ class DemoTest(unittest.TestCase):
                        if healthy in l and ("slow_node" in l or "straggler" in l)]
             self.assertEqual(flagged, [], healthy)
         self.assertIn("demo: stopped", out)
+
+        # Under the live view: the collector's addresses and the next commands to try.
+        live = out[:out.index("=== final ===")]
+        screens = live.split("stepwatch demo (")
+        self.assertGreater(len(screens), 2, live[-3000:])
+        last = screens[-1]
+        grpc = re.search(r"collector: gRPC (127\.0\.0\.1:\d+), metrics (http://\S+/metrics)", last)
+        self.assertIsNotNone(grpc, last)
+        ctl = os.path.join(os.path.abspath(BUILD_DIR), "ctl", "stepwatchctl")
+        self.assertIn(f"{ctl} --collector={grpc.group(1)} explain llm-pretrain", last)
+        self.assertIn(f"{ctl} --collector={grpc.group(1)} report llm-pretrain", last)
+        self.assertIn(f"curl -s {grpc.group(2)}", last)
 
 
 if __name__ == "__main__":

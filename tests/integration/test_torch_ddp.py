@@ -6,6 +6,7 @@ The ranks are started directly with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (no 
 training script is ddp_train.py next to this file.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -13,7 +14,8 @@ import tempfile
 import time
 import unittest
 
-from harness import Agent, Collector, ctl_json, free_port, metric_samples, scrape, wait_until
+from harness import (Agent, Collector, ctl, ctl_json, free_port, metric_samples, scrape,
+                     wait_until)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN = os.path.join(HERE, "ddp_train.py")
@@ -85,7 +87,14 @@ def flagged_ranks(collector, job):
 
 
 def straggler_findings(collector, job):
-    findings = ctl_json(collector.grpc_addr, "findings", job).get("findings", [])
+    """Ranks of `job`'s active straggler findings; none while the collector does not know the job
+    (before its first step arrives, or after all its ranks exited)."""
+    result = ctl(collector.grpc_addr, "findings", job, "--json")
+    if result.returncode == 1 and ('no job named "%s"' % job) in result.stderr:
+        return []
+    if result.returncode != 0:
+        raise AssertionError("stepwatchctl findings %s failed: %s" % (job, result.stderr))
+    findings = json.loads(result.stdout).get("findings", [])
     return sorted(int(f["rank"]) for f in findings if f.get("kind") == "straggler")
 
 

@@ -192,7 +192,9 @@ def _agent_binary():
 
 @unittest.skipUnless(_agent_binary(), "stepwatch-agent is not built")
 class RealAgentTest(unittest.TestCase):
-    """The real agent's parser accepts what send() and the scopes write, job ids with escapes."""
+    """The real agent's parser accepts what send() and the scopes write, job ids with escapes;
+    job ids with control characters are encoded correctly and refused by the agent (they would
+    reach terminals and label values)."""
 
     def test_agent_accepts_every_encoding(self):
         import harness  # tests/integration, on PYTHONPATH under ctest
@@ -224,11 +226,16 @@ class RealAgentTest(unittest.TestCase):
                     samples = harness.scrape(agent.metrics_url)
                     return harness.metric_value(samples, "stepwatch_agent_events_received_total")
 
-                harness.wait_until(lambda: received() == sent, timeout=20,
-                                   message="the agent to receive %d events" % sent)
+                controls = 4 * sum(1 for job in JOBS
+                                   if any(ord(c) < 0x20 or ord(c) == 0x7F for c in job))
+                self.assertGreater(controls, 0)
+                harness.wait_until(lambda: received() == sent - controls, timeout=20,
+                                   message="the agent to receive %d events" % (sent - controls))
                 samples = harness.scrape(agent.metrics_url)
+                self.assertEqual(harness.metric_value(samples, "stepwatch_agent_events_rejected_total",
+                                                      reason="out_of_range"), controls)
                 rejected = harness.metric_values(samples, "stepwatch_agent_events_rejected_total")
-                self.assertEqual(sum(rejected), 0, rejected)
+                self.assertEqual(sum(rejected), controls, rejected)
 
 
 if __name__ == "__main__":

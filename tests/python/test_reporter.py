@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import unittest
 
 import stepwatch
@@ -292,6 +294,38 @@ class ScopeTest(unittest.TestCase):
         self.assertIsInstance(rep.last_error, str)
         self.assertIn("busy", rep.last_error)
         self.assertEqual(len(self.agent.drain()), rep.sent)
+
+
+class CommPhaseTest(unittest.TestCase):
+    """comm_s from a comm phase is the time the step is blocked in it (exposed communication), not
+    the duration of a collective that runs in the background while the step computes."""
+
+    def setUp(self):
+        self.agent = FakeAgent()
+        self.addCleanup(self.agent.close)
+        self.rep = make_reporter(self, self.agent)
+
+    def step_with_background_collective(self, collective_s, compute_s):
+        done = threading.Event()
+        with self.rep.step():
+            collective = threading.Timer(collective_s, done.set)  # an async all-reduce
+            collective.start()
+            with self.rep.phase("compute"):
+                time.sleep(compute_s)
+            with self.rep.phase("comm"):
+                self.assertTrue(done.wait(10))
+        collective.join(10)
+        return self.agent.recv()
+
+    def test_overlapped_collective_is_not_comm(self):
+        e = self.step_with_background_collective(collective_s=0.2, compute_s=0.3)
+        self.assertLess(e["comm_s"], 0.1, e)
+        self.assertGreaterEqual(e["compute_s"], 0.3, e)
+
+    def test_the_wait_for_a_collective_is_comm(self):
+        e = self.step_with_background_collective(collective_s=0.3, compute_s=0.05)
+        self.assertGreater(e["comm_s"], 0.2, e)
+        self.assertLess(e["compute_s"], 0.2, e)
 
 
 class ModuleApiTest(unittest.TestCase):

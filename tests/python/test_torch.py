@@ -274,6 +274,99 @@ class WatchTest(unittest.TestCase):
         self.assertEqual(w.reporter.dropped, 2)
 
 
+class SleepInBackward(torch.autograd.Function):
+    """Identity whose backward takes `delay_s`: computation that all-reduces can overlap with."""
+
+    @staticmethod
+    def forward(ctx, x, delay_s):
+        ctx.delay_s = delay_s
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.delay_s)
+        return grad, None
+
+
+class TwoBucketModel(torch.nn.Module):
+    """Two DDP buckets: `late` (over DDP's 1 MB first bucket) is ready first, then backward goes on
+    through SleepInBackward before `early`'s gradients are ready."""
+
+    def __init__(self, backward_delay_s):
+        super().__init__()
+        self.early = torch.nn.Linear(8, 600)
+        self.late = torch.nn.Linear(600, 600)
+        self.backward_delay_s = backward_delay_s
+
+    def forward(self, x):
+        return self.late(SleepInBackward.apply(self.early(x), self.backward_delay_s))
+
+
+class SlowAllReduce:
+    """Stands in for dist.all_reduce: reduces for real, then makes the n-th all-reduce of each
+    backward take `delay_s` from its launch, as a slow network would."""
+
+    class Work:
+        def __init__(self, work, done_at):
+            self._work = work
+            self._done_at = done_at
+
+        def wait(self, *args):
+            self._work.wait()
+            time.sleep(max(0.0, self._done_at - time.perf_counter()))
+            return True
+
+    def __init__(self, slow_index, delay_s):
+        self.real = dist.all_reduce
+        self.slow_index = slow_index
+        self.delay_s = delay_s
+        self.calls = 0
+
+    def __call__(self, tensor, *args, **kwargs):
+        work = self.real(tensor, *args, **kwargs)
+        slow = self.calls % 2 == self.slow_index
+        self.calls += 1
+        return self.Work(work, time.perf_counter() + (self.delay_s if slow else 0.0))
+
+
+class ExposedCommTest(unittest.TestCase):
+    """comm_s is the time the step is blocked on the all-reduce, not the all-reduce's duration."""
+
+    DELAY_S = 0.2
+
+    def run_steps(self, slow_index, backward_delay_s, steps=4):
+        agent = FakeAgent()
+        self.addCleanup(agent.close)
+        model = DistributedDataParallel(TwoBucketModel(backward_delay_s))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x, y = torch.randn(4, 8), torch.randn(4, 600)
+        train_step(model, opt, x, y)  # DDP splits its buckets by size after the first step
+        fake = SlowAllReduce(slow_index, self.DELAY_S)
+        dist.all_reduce = fake
+        self.addCleanup(setattr, dist, "all_reduce", fake.real)
+        w = stepwatch.torch.watch(model, socket_path=agent.path, job="t")
+        self.addCleanup(w.close)
+        self.addCleanup(w.reporter.close)
+        for _ in range(steps + 1):  # a step is reported when the next one starts
+            train_step(model, opt, x, y)
+        events = agent.drain()
+        self.assertEqual(len(events), steps)
+        self.assertEqual(fake.calls, 2 * (steps + 1), "the model must have two DDP buckets")
+        return events
+
+    def test_all_reduce_hidden_behind_backward_is_not_comm(self):
+        # The first bucket's slow all-reduce runs while backward computes for longer.
+        for e in self.run_steps(slow_index=0, backward_delay_s=1.5 * self.DELAY_S):
+            self.assertLess(e["comm_s"], self.DELAY_S / 2, e)
+            self.assertGreater(e["compute_s"], 1.5 * self.DELAY_S, e)
+
+    def test_all_reduce_the_step_waits_for_is_comm(self):
+        # The last bucket's slow all-reduce starts when backward has nothing left to compute.
+        for e in self.run_steps(slow_index=1, backward_delay_s=0.0):
+            self.assertGreater(e["comm_s"], 0.9 * self.DELAY_S, e)
+            self.assertLess(e["comm_s"], e["step_s"], e)
+
+
 class TwoRankTest(unittest.TestCase):
     """Two real DDP processes on gloo; rank 1 is slow in forward."""
 

@@ -4,6 +4,18 @@
 // change utilization on the fly by replacing it (write a temporary file, then rename). A missing or
 // half-written file keeps the last good state.
 //
+// The state also chooses which real driver to behave like: the process-entry layout of
+// nvmlDeviceGetComputeRunningProcesses_v3 follows driver_version (32-byte entries on 535.43 to
+// 535.86, not implemented on 535.98), entry points can be made missing, GPM's metric array size
+// follows gpm_metric_max, GPUs can be in MIG mode, NVLink counters are per link, and any entry
+// point can fail with a chosen NVML error on a chosen GPU.
+//
+// The NVML types below are declared here, independently of gpu/nvml_abi.h, with fixed-width types
+// and byte offsets written out from NVIDIA's documentation, so that a layout mistake in the agent's
+// declarations is not mirrored here. Where the real driver may write more than the caller asked
+// for (the whole GPM metrics array), the fake does, so AddressSanitizer catches an undersized
+// buffer in the caller.
+//
 // Built twice: as the full fake, and with FAKE_NVML_MINIMAL as a driver that exports only the core
 // entry points (to test that missing symbols leave metrics unset).
 //
@@ -12,11 +24,16 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -24,27 +41,109 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/json.h"
-#include "gpu/nvml_abi.h"
 
-namespace stepwatch::gpu::nvml {
-// Handles given out to callers: an index into the state's GPU list.
-struct DeviceOpaque {
-  unsigned int index;
+namespace fake_nvml {
+
+// nvmlReturn_t values.
+enum : int32_t {
+  RC_SUCCESS = 0,
+  RC_UNINITIALIZED = 1,
+  RC_INVALID_ARGUMENT = 2,
+  RC_NOT_SUPPORTED = 3,
+  RC_NO_PERMISSION = 4,
+  RC_INSUFFICIENT_SIZE = 7,
+  RC_DRIVER_NOT_LOADED = 9,
+  RC_FUNCTION_NOT_FOUND = 13,
+  RC_GPU_IS_LOST = 15,
 };
-struct GpmSampleOpaque {
-  unsigned int device_index;
+
+// Handles given out to callers.
+struct Gpu {
+  uint32_t index;
+};
+struct GpmSampleRec {
+  uint32_t device_index;
   bool taken;
 };
-}  // namespace stepwatch::gpu::nvml
+
+struct UtilizationRec {  // nvmlUtilization_t
+  uint32_t gpu, memory;
+};
+struct MemoryRec {  // nvmlMemory_t
+  uint64_t total, free, used;
+};
+// Process entries, by the size the emulated driver writes.
+struct ProcessRec16 {  // nvmlProcessInfo_v1_t
+  uint32_t pid;
+  uint32_t pad;
+  uint64_t used_memory;
+};
+struct ProcessRec24 {  // nvmlProcessInfo_v2_t
+  uint32_t pid;
+  uint32_t pad;
+  uint64_t used_memory;
+  uint32_t gpu_instance, compute_instance;
+};
+struct ProcessRec32 {  // nvmlProcessInfo_t of 535.43..535.86
+  uint32_t pid;
+  uint32_t pad;
+  uint64_t used_memory;
+  uint32_t gpu_instance, compute_instance;
+  uint64_t cc_protected_memory;
+};
+struct TemperatureRec {  // nvmlTemperature_v1_t
+  uint32_t version;
+  int32_t sensor;
+  int32_t celsius;
+};
+constexpr uint32_t kTemperatureRecVersion = 12u | (1u << 24);
+struct FieldRec {  // nvmlFieldValue_t
+  uint32_t field_id;
+  uint32_t scope_id;
+  int64_t timestamp_us;
+  int64_t latency_us;
+  int32_t value_type;
+  int32_t ret;
+  uint64_t value;  // a union of 8 bytes; written with memcpy per value type
+};
+struct GpmSupportRec {  // nvmlGpmSupport_t
+  uint32_t version, supported;
+};
+// nvmlGpmMetricsGet_t: a 24-byte head, then NVML_GPM_METRIC_MAX metric records of 40 bytes.
+struct GpmGetHead {
+  uint32_t version, count;
+  GpmSampleRec* sample1;
+  GpmSampleRec* sample2;
+};
+struct GpmMetricRec {
+  uint32_t id;
+  int32_t ret;
+  double value;
+  char* names[3];
+};
+static_assert(sizeof(ProcessRec16) == 16 && sizeof(ProcessRec24) == 24 &&
+                  sizeof(ProcessRec32) == 32 && sizeof(TemperatureRec) == 12 &&
+                  sizeof(FieldRec) == 40 && sizeof(GpmGetHead) == 24 && sizeof(GpmMetricRec) == 40,
+              "fake NVML records");
+
+constexpr uint32_t kClockSm = 1;
+constexpr uint32_t kSensorGpu = 0;
+constexpr uint32_t kPcieTx = 0, kPcieRx = 1;
+constexpr uint32_t kFieldNvlinkTx = 138, kFieldNvlinkRx = 139;
+constexpr int32_t kValueTypeUll = 3;
+constexpr uint32_t kGpmMetricsGetVersion = 1, kGpmSupportVersion = 1;
+constexpr uint32_t kGpmSmUtil = 2, kGpmAnyTensorUtil = 5, kGpmDramBwUtil = 10;
+
+}  // namespace fake_nvml
 
 namespace {
 
-namespace nvml = stepwatch::gpu::nvml;
+using namespace fake_nvml;  // NOLINT: the fake's own NVML declarations, above.
 namespace json = stepwatch::json;
 
 constexpr unsigned int kMaxGpus = 64;
+constexpr unsigned int kMaxLinks = 64;
 constexpr auto kRecheckPeriod = std::chrono::milliseconds(100);
-constexpr unsigned int kErrorInvalidArgumentRc = nvml::kErrorInvalidArgument;
 
 struct FakeGpu {
   std::string name;
@@ -55,21 +154,29 @@ struct FakeGpu {
   std::optional<double> power_mw, power_limit_mw, temperature_c;
   std::optional<double> throttle_reasons;
   std::optional<double> pcie_tx_kbps, pcie_rx_kbps;
-  std::optional<double> nvlink_tx_kbps, nvlink_rx_kbps;
+  // Per-link NVLink rates, KiB/s (from nvlink_*_kbps_per_link, or the totals split evenly).
+  std::vector<double> nvlink_tx_link_kbps, nvlink_rx_link_kbps;
   std::optional<double> sm_activity, dram_bandwidth, tensor_activity;
   std::optional<std::vector<unsigned int>> pids;
+  bool mig = false;
+  // Entry point name -> the NVML error it returns on this GPU.
+  std::map<std::string, int32_t> errors;
 };
 
 struct FakeState {
   std::string driver_version = "fake";
   bool fail_init = false;
+  // Entry points that behave as absent: they return NVML_ERROR_FUNCTION_NOT_FOUND.
+  std::set<std::string> missing_functions;
+  // NVML_GPM_METRIC_MAX of the emulated driver: nvmlGpmMetricsGet writes that many records.
+  unsigned int gpm_metric_max = 333;
   std::vector<FakeGpu> gpus;
 };
 
 // NVLink counters keep running across state reloads, as the driver's would.
 struct NvlinkCounter {
-  double tx_kib = 0;
-  double rx_kib = 0;
+  double tx_kib[kMaxLinks] = {};
+  double rx_kib[kMaxLinks] = {};
   std::chrono::steady_clock::time_point last{};
 };
 
@@ -78,6 +185,44 @@ absl::Status ReadNumber(const json::Value& obj, const char* key, std::optional<d
   if (v == nullptr || v->is_null()) return absl::OkStatus();
   if (!v->is_number()) return absl::InvalidArgumentError(absl::StrCat(key, " must be a number"));
   *out = v->as_double();
+  return absl::OkStatus();
+}
+
+absl::Status ReadNumbers(const json::Value& obj, const char* key, std::vector<double>* out) {
+  const json::Value* v = obj.Find(key);
+  if (v == nullptr || v->is_null()) return absl::OkStatus();
+  if (!v->is_array() || v->as_array().size() > kMaxLinks) {
+    return absl::InvalidArgumentError(absl::StrCat(key, " must be an array of at most 64 numbers"));
+  }
+  out->clear();
+  for (const json::Value& x : v->as_array()) {
+    if (!x.is_number()) return absl::InvalidArgumentError(absl::StrCat(key, " must hold numbers"));
+    out->push_back(x.as_double());
+  }
+  return absl::OkStatus();
+}
+
+// Per-link rates: explicit per-link arrays win; otherwise a total is split over nvlink_links links.
+absl::Status ReadNvlink(const json::Value& g, FakeGpu* gpu) {
+  std::optional<double> tx, rx, links;
+  for (auto [key, out] : {std::pair{"nvlink_tx_kbps", &tx}, std::pair{"nvlink_rx_kbps", &rx},
+                          std::pair{"nvlink_links", &links}}) {
+    absl::Status s = ReadNumber(g, key, out);
+    if (!s.ok()) return s;
+  }
+  const unsigned int n = links.has_value() ? static_cast<unsigned int>(*links) : 18;
+  if (n == 0 || n > kMaxLinks) return absl::InvalidArgumentError("nvlink_links must be 1..64");
+  if (tx.has_value() || rx.has_value()) {
+    gpu->nvlink_tx_link_kbps.assign(n, tx.value_or(0) / n);
+    gpu->nvlink_rx_link_kbps.assign(n, rx.value_or(0) / n);
+  }
+  absl::Status s = ReadNumbers(g, "nvlink_tx_kbps_per_link", &gpu->nvlink_tx_link_kbps);
+  if (s.ok()) s = ReadNumbers(g, "nvlink_rx_kbps_per_link", &gpu->nvlink_rx_link_kbps);
+  if (!s.ok()) return s;
+  // Both directions have the same links.
+  const size_t count = std::max(gpu->nvlink_tx_link_kbps.size(), gpu->nvlink_rx_link_kbps.size());
+  gpu->nvlink_tx_link_kbps.resize(count, 0);
+  gpu->nvlink_rx_link_kbps.resize(count, 0);
   return absl::OkStatus();
 }
 
@@ -92,6 +237,19 @@ absl::StatusOr<FakeState> ParseState(const std::string& text) {
   }
   if (const json::Value* v = root.Find("fail_init"); v != nullptr && v->is_bool()) {
     state.fail_init = v->as_bool();
+  }
+  if (const json::Value* v = root.Find("missing_functions"); v != nullptr && !v->is_null()) {
+    if (!v->is_array()) return absl::InvalidArgumentError("missing_functions must be an array");
+    for (const json::Value& f : v->as_array()) {
+      if (!f.is_string()) return absl::InvalidArgumentError("missing_functions holds names");
+      state.missing_functions.insert(f.as_string());
+    }
+  }
+  std::optional<double> gpm_max;
+  if (absl::Status s = ReadNumber(root, "gpm_metric_max", &gpm_max); !s.ok()) return s;
+  if (gpm_max.has_value()) {
+    if (*gpm_max < 1 || *gpm_max > 1024) return absl::InvalidArgumentError("gpm_metric_max");
+    state.gpm_metric_max = static_cast<unsigned int>(*gpm_max);
   }
   const json::Value* gpus = root.Find("gpus");
   if (gpus == nullptr) return state;
@@ -126,8 +284,6 @@ absl::StatusOr<FakeState> ParseState(const std::string& text) {
         {"throttle_reasons", &gpu.throttle_reasons},
         {"pcie_tx_kbps", &gpu.pcie_tx_kbps},
         {"pcie_rx_kbps", &gpu.pcie_rx_kbps},
-        {"nvlink_tx_kbps", &gpu.nvlink_tx_kbps},
-        {"nvlink_rx_kbps", &gpu.nvlink_rx_kbps},
         {"sm_activity", &gpu.sm_activity},
         {"dram_bandwidth", &gpu.dram_bandwidth},
         {"tensor_activity", &gpu.tensor_activity},
@@ -136,6 +292,7 @@ absl::StatusOr<FakeState> ParseState(const std::string& text) {
       absl::Status s = ReadNumber(g, f.key, f.out);
       if (!s.ok()) return s;
     }
+    if (absl::Status s = ReadNvlink(g, &gpu); !s.ok()) return s;
     if (const json::Value* v = g.Find("pids"); v != nullptr && !v->is_null()) {
       if (!v->is_array()) return absl::InvalidArgumentError("pids must be an array");
       std::vector<unsigned int> pids;
@@ -147,9 +304,31 @@ absl::StatusOr<FakeState> ParseState(const std::string& text) {
       }
       gpu.pids = std::move(pids);
     }
+    if (const json::Value* v = g.Find("mig_mode"); v != nullptr && !v->is_null()) {
+      if (!v->is_number()) return absl::InvalidArgumentError("mig_mode must be 0 or 1");
+      gpu.mig = v->as_double() != 0;
+    }
+    if (const json::Value* v = g.Find("errors"); v != nullptr && !v->is_null()) {
+      if (!v->is_object()) return absl::InvalidArgumentError("errors must be an object");
+      for (const auto& [name, code] : v->as_object()) {
+        if (!code.is_number() || !code.is_integer()) {
+          return absl::InvalidArgumentError("errors maps entry points to NVML error numbers");
+        }
+        gpu.errors[name] = static_cast<int32_t>(code.as_int64());
+      }
+    }
     state.gpus.push_back(std::move(gpu));
   }
   return state;
+}
+
+// Bytes per entry that the emulated driver's nvmlDeviceGetComputeRunningProcesses_v3 writes: 32 on
+// 535.43..535.86, 0 (not implemented) on 535.98, 24 otherwise.
+unsigned int V3EntryBytes(const std::string& driver_version) {
+  unsigned int major = 0, minor = 0;
+  if (sscanf(driver_version.c_str(), "%u.%u", &major, &minor) != 2 || major != 535) return 24;
+  if (minor == 98) return 0;
+  return minor >= 43 && minor <= 86 ? 32 : 24;
 }
 
 class Fake {
@@ -160,22 +339,22 @@ class Fake {
     return fake;
   }
 
-  nvml::Return Init() {
+  int32_t Init() {
     std::lock_guard<std::mutex> lock(mu_);
     const char* path = getenv("STEPWATCH_FAKE_NVML_STATE");
-    if (path == nullptr || *path == '\0') return nvml::kErrorDriverNotLoaded;
+    if (path == nullptr || *path == '\0') return RC_DRIVER_NOT_LOADED;
     path_ = path;
     ReloadLocked(/*force=*/true);
-    if (state_.fail_init) return nvml::kErrorDriverNotLoaded;
+    if (state_.fail_init) return RC_DRIVER_NOT_LOADED;
     ++init_count_;
-    return nvml::kSuccess;
+    return RC_SUCCESS;
   }
 
-  nvml::Return Shutdown() {
+  int32_t Shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (init_count_ == 0) return nvml::kErrorUninitialized;
+    if (init_count_ == 0) return RC_UNINITIALIZED;
     --init_count_;
-    return nvml::kSuccess;
+    return RC_SUCCESS;
   }
 
   int init_count() {
@@ -183,38 +362,59 @@ class Fake {
     return init_count_;
   }
 
-  // Runs `fn(state)` on a fresh view of the state; UNINITIALIZED before nvmlInit.
+  // Runs `fn(state)` on a fresh view of the state; UNINITIALIZED before nvmlInit,
+  // FUNCTION_NOT_FOUND for an entry point the state lists as missing.
   template <typename Fn>
-  nvml::Return With(Fn fn) {
+  int32_t With(const char* function, Fn fn) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (init_count_ == 0) return nvml::kErrorUninitialized;
+    if (init_count_ == 0) return RC_UNINITIALIZED;
     ReloadLocked(/*force=*/false);
+    if (state_.missing_functions.count(function) > 0) return RC_FUNCTION_NOT_FOUND;
     return fn(state_);
   }
 
-  // Same, for one GPU; INVALID_ARGUMENT for a handle that is not (or no longer) a GPU.
+  // Same, for one GPU; INVALID_ARGUMENT for a handle that is not (or no longer) a GPU, and the
+  // error the state chose for this entry point on this GPU.
   template <typename Fn>
-  nvml::Return WithGpu(nvml::Device device, Fn fn) {
-    return With([&](const FakeState& state) -> nvml::Return {
-      if (device == nullptr || device->index >= state.gpus.size()) return kErrorInvalidArgumentRc;
-      return fn(state.gpus[device->index], device->index);
+  int32_t WithGpu(const char* function, Gpu* device, Fn fn) {
+    return With(function, [&](const FakeState& state) -> int32_t {
+      if (device == nullptr || device->index >= state.gpus.size()) return RC_INVALID_ARGUMENT;
+      const FakeGpu& gpu = state.gpus[device->index];
+      if (auto it = gpu.errors.find(function); it != gpu.errors.end()) return it->second;
+      return fn(state, gpu, device->index);
     });
   }
 
-  nvml::Device Handle(unsigned int index) { return &devices_[index]; }
+  Gpu* Handle(unsigned int index) { return &devices_[index]; }
 
-  // Cumulative NVLink KiB, integrated from the configured rates since the previous query.
-  void AdvanceNvlink(unsigned int index, const FakeGpu& gpu, double* tx, double* rx) {
+  // Records a GPM sample of GPU `index` (caller holds no lock; called inside With).
+  void NoteGpmSample(unsigned int index) {
+    auto now = std::chrono::steady_clock::now();
+    if (gpm_last_[index] != std::chrono::steady_clock::time_point{}) {
+      const int64_t gap =
+          std::chrono::duration_cast<std::chrono::microseconds>(now - gpm_last_[index]).count();
+      if (gpm_min_gap_us_ < 0 || gap < gpm_min_gap_us_) gpm_min_gap_us_ = gap;
+    }
+    gpm_last_[index] = now;
+  }
+  int64_t gpm_min_gap_us() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return gpm_min_gap_us_;
+  }
+
+  // Cumulative per-link KiB, integrated from the configured rates since the previous query.
+  const NvlinkCounter& AdvanceNvlink(unsigned int index, const FakeGpu& gpu) {
     NvlinkCounter& c = nvlink_[index];
     auto now = std::chrono::steady_clock::now();
     if (c.last != std::chrono::steady_clock::time_point{}) {
       double dt = std::chrono::duration<double>(now - c.last).count();
-      c.tx_kib += gpu.nvlink_tx_kbps.value_or(0) * dt;
-      c.rx_kib += gpu.nvlink_rx_kbps.value_or(0) * dt;
+      for (size_t l = 0; l < gpu.nvlink_tx_link_kbps.size() && l < kMaxLinks; ++l) {
+        c.tx_kib[l] += gpu.nvlink_tx_link_kbps[l] * dt;
+        c.rx_kib[l] += gpu.nvlink_rx_link_kbps[l] * dt;
+      }
     }
     c.last = now;
-    *tx = c.tx_kib;
-    *rx = c.rx_kib;
+    return c;
   }
 
  private:
@@ -268,313 +468,421 @@ class Fake {
   ino_t bad_ino_ = 0;
   off_t bad_size_ = -1;
   timespec bad_mtime_{};
-  nvml::DeviceOpaque devices_[kMaxGpus];
+  Gpu devices_[kMaxGpus];
   NvlinkCounter nvlink_[kMaxGpus];
+  std::chrono::steady_clock::time_point gpm_last_[kMaxGpus] = {};
+  int64_t gpm_min_gap_us_ = -1;
 };
 
-nvml::Return CopyString(const std::string& s, char* out, unsigned int length) {
-  if (out == nullptr) return nvml::kErrorInvalidArgument;
-  if (s.size() + 1 > length) return nvml::kErrorInsufficientSize;
+int32_t CopyString(const std::string& s, char* out, unsigned int length) {
+  if (out == nullptr) return RC_INVALID_ARGUMENT;
+  if (s.size() + 1 > length) return RC_INSUFFICIENT_SIZE;
   memcpy(out, s.c_str(), s.size() + 1);
-  return nvml::kSuccess;
+  return RC_SUCCESS;
 }
 
 // Percentages and counters as NVML gives them: whole numbers.
 unsigned int AsUint(double v) { return v <= 0 ? 0u : static_cast<unsigned int>(v + 0.5); }
 
 // NOT_SUPPORTED for a field the state leaves out.
-template <typename T, typename Convert>
-nvml::Return Put(const std::optional<double>& v, T* out, Convert convert) {
-  if (out == nullptr) return nvml::kErrorInvalidArgument;
-  if (!v.has_value()) return nvml::kErrorNotSupported;
-  *out = convert(*v);
-  return nvml::kSuccess;
+[[maybe_unused]] int32_t PutUint(const std::optional<double>& v, unsigned int* out) {
+  if (out == nullptr) return RC_INVALID_ARGUMENT;
+  if (!v.has_value()) return RC_NOT_SUPPORTED;
+  *out = AsUint(*v);
+  return RC_SUCCESS;
 }
 
-[[maybe_unused]] nvml::Return PutUint(const std::optional<double>& v, unsigned int* out) {
-  return Put(v, out, AsUint);
-}
-
-nvml::Return DeviceGetCount(unsigned int* count) {
-  if (count == nullptr) return nvml::kErrorInvalidArgument;
-  return Fake::Get().With([&](const FakeState& s) {
+int32_t DeviceGetCount(const char* function, unsigned int* count) {
+  if (count == nullptr) return RC_INVALID_ARGUMENT;
+  return Fake::Get().With(function, [&](const FakeState& s) {
     *count = static_cast<unsigned int>(s.gpus.size());
-    return nvml::kSuccess;
+    return RC_SUCCESS;
   });
 }
 
-nvml::Return DeviceGetHandleByIndex(unsigned int index, nvml::Device* device) {
-  if (device == nullptr) return nvml::kErrorInvalidArgument;
-  return Fake::Get().With([&](const FakeState& s) {
-    if (index >= s.gpus.size()) return nvml::kErrorInvalidArgument;
+int32_t DeviceGetHandleByIndex(const char* function, unsigned int index, Gpu** device) {
+  if (device == nullptr) return RC_INVALID_ARGUMENT;
+  return Fake::Get().With(function, [&](const FakeState& s) {
+    if (index >= s.gpus.size()) return RC_INVALID_ARGUMENT;
     *device = Fake::Get().Handle(index);
-    return nvml::kSuccess;
+    return RC_SUCCESS;
   });
 }
 
-[[maybe_unused]] nvml::Return DeviceGetComputeRunningProcesses(nvml::Device device,
-                                                               unsigned int* count,
-                                                               nvml::ProcessInfoV2* infos) {
-  if (count == nullptr) return nvml::kErrorInvalidArgument;
-  return Fake::Get().WithGpu(device, [&](const FakeGpu& g, unsigned int) {
-    if (!g.pids.has_value()) return nvml::kErrorNotSupported;
-    const std::vector<unsigned int>& pids = *g.pids;
-    if (*count < pids.size() || (infos == nullptr && !pids.empty())) {
-      *count = static_cast<unsigned int>(pids.size());
-      return nvml::kErrorInsufficientSize;
-    }
-    for (size_t i = 0; i < pids.size(); ++i) {
-      infos[i] = nvml::ProcessInfoV2{pids[i], 0, 0xFFFFFFFFu, 0xFFFFFFFFu};
-    }
-    *count = static_cast<unsigned int>(pids.size());
-    return nvml::kSuccess;
-  });
+// Writes entries of `entry_bytes` (16, 24 or 32), as the emulated driver's entry point does: as
+// many as the caller says fit, with no regard to how large the caller's entries are.
+[[maybe_unused]] int32_t RunningProcesses(const char* function, Gpu* device, unsigned int* count,
+                                          void* infos, unsigned int v3_entry_bytes_or_fixed) {
+  if (count == nullptr) return RC_INVALID_ARGUMENT;
+  return Fake::Get().WithGpu(function, device,
+                             [&](const FakeState& state, const FakeGpu& g, unsigned int) {
+                               unsigned int entry_bytes = v3_entry_bytes_or_fixed;
+                               if (entry_bytes == 0)
+                                 entry_bytes = V3EntryBytes(state.driver_version);
+                               if (entry_bytes == 0) return int32_t{RC_FUNCTION_NOT_FOUND};
+                               if (!g.pids.has_value()) return int32_t{RC_NOT_SUPPORTED};
+                               const std::vector<unsigned int>& pids = *g.pids;
+                               if (*count < pids.size() || (infos == nullptr && !pids.empty())) {
+                                 *count = static_cast<unsigned int>(pids.size());
+                                 return int32_t{RC_INSUFFICIENT_SIZE};
+                               }
+                               auto* out = static_cast<unsigned char*>(infos);
+                               for (size_t i = 0; i < pids.size(); ++i) {
+                                 const uint64_t memory = (i + 1) * (uint64_t{1} << 20);
+                                 // On a MIG GPU processes run in instance 1, compute instance 0;
+                                 // otherwise N/A (~0u).
+                                 const uint32_t gi = g.mig ? 1 : 0xFFFFFFFFu;
+                                 const uint32_t ci = g.mig ? 0 : 0xFFFFFFFFu;
+                                 if (entry_bytes == 16) {
+                                   const ProcessRec16 r{pids[i], 0, memory};
+                                   memcpy(out + i * sizeof(r), &r, sizeof(r));
+                                 } else if (entry_bytes == 24) {
+                                   const ProcessRec24 r{pids[i], 0, memory, gi, ci};
+                                   memcpy(out + i * sizeof(r), &r, sizeof(r));
+                                 } else {
+                                   const ProcessRec32 r{pids[i], 0, memory, gi, ci, memory / 2};
+                                   memcpy(out + i * sizeof(r), &r, sizeof(r));
+                                 }
+                               }
+                               *count = static_cast<unsigned int>(pids.size());
+                               return int32_t{RC_SUCCESS};
+                             });
 }
 
-[[maybe_unused]] nvml::Return DeviceGetThrottleReasons(nvml::Device device,
-                                                       unsigned long long* reasons) {
-  return Fake::Get().WithGpu(device, [&](const FakeGpu& g, unsigned int) {
-    return Put(g.throttle_reasons, reasons,
-               [](double v) { return static_cast<unsigned long long>(v); });
-  });
+[[maybe_unused]] int32_t ThrottleReasons(const char* function, Gpu* device, uint64_t* reasons) {
+  return Fake::Get().WithGpu(function, device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int) {
+                               if (reasons == nullptr) return int32_t{RC_INVALID_ARGUMENT};
+                               if (!g.throttle_reasons) return int32_t{RC_NOT_SUPPORTED};
+                               *reasons = static_cast<uint64_t>(*g.throttle_reasons);
+                               return int32_t{RC_SUCCESS};
+                             });
 }
 
 }  // namespace
 
 #define FAKE_NVML_EXPORT extern "C" __attribute__((visibility("default")))
 
-FAKE_NVML_EXPORT nvml::Return nvmlInit_v2() { return Fake::Get().Init(); }
-FAKE_NVML_EXPORT nvml::Return nvmlInit() { return Fake::Get().Init(); }
-FAKE_NVML_EXPORT nvml::Return nvmlShutdown() { return Fake::Get().Shutdown(); }
+FAKE_NVML_EXPORT int32_t nvmlInit_v2() { return Fake::Get().Init(); }
+FAKE_NVML_EXPORT int32_t nvmlInit() { return Fake::Get().Init(); }
+FAKE_NVML_EXPORT int32_t nvmlShutdown() { return Fake::Get().Shutdown(); }
 
 // Not NVML: lets tests check that the loader balances nvmlInit with nvmlShutdown.
 FAKE_NVML_EXPORT int stepwatch_fake_nvml_init_count() { return Fake::Get().init_count(); }
+// Not NVML: the shortest time between two nvmlGpmSampleGet calls for one GPU, microseconds (-1:
+// fewer than two), to check that the loader keeps NVIDIA's 100 ms GPM minimum.
+FAKE_NVML_EXPORT int64_t stepwatch_fake_nvml_gpm_min_gap_us() {
+  return Fake::Get().gpm_min_gap_us();
+}
 
-FAKE_NVML_EXPORT const char* nvmlErrorString(nvml::Return rc) {
+FAKE_NVML_EXPORT const char* nvmlErrorString(int32_t rc) {
   switch (rc) {
-    case nvml::kSuccess:
+    case RC_SUCCESS:
       return "Success";
-    case nvml::kErrorUninitialized:
+    case RC_UNINITIALIZED:
       return "Uninitialized";
-    case nvml::kErrorInvalidArgument:
+    case RC_INVALID_ARGUMENT:
       return "Invalid Argument";
-    case nvml::kErrorNotSupported:
+    case RC_NOT_SUPPORTED:
       return "Not Supported";
-    case nvml::kErrorInsufficientSize:
+    case RC_NO_PERMISSION:
+      return "Insufficient Permissions";
+    case RC_INSUFFICIENT_SIZE:
       return "Insufficient Size";
-    case nvml::kErrorDriverNotLoaded:
+    case RC_DRIVER_NOT_LOADED:
       return "Driver Not Loaded";
+    case RC_FUNCTION_NOT_FOUND:
+      return "Function Not Found";
+    case RC_GPU_IS_LOST:
+      return "GPU is lost";
     default:
       return "Unknown Error";
   }
 }
 
-FAKE_NVML_EXPORT nvml::Return nvmlSystemGetDriverVersion(char* version, unsigned int length) {
-  return Fake::Get().With(
-      [&](const FakeState& s) { return CopyString(s.driver_version, version, length); });
+FAKE_NVML_EXPORT int32_t nvmlSystemGetDriverVersion(char* version, unsigned int length) {
+  return Fake::Get().With("nvmlSystemGetDriverVersion", [&](const FakeState& s) {
+    return CopyString(s.driver_version, version, length);
+  });
 }
 
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetCount_v2(unsigned int* count) {
-  return DeviceGetCount(count);
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetCount_v2(unsigned int* count) {
+  return DeviceGetCount("nvmlDeviceGetCount_v2", count);
 }
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetCount(unsigned int* count) {
-  return DeviceGetCount(count);
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetCount(unsigned int* count) {
+  return DeviceGetCount("nvmlDeviceGetCount", count);
 }
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetHandleByIndex_v2(unsigned int index,
-                                                            nvml::Device* device) {
-  return DeviceGetHandleByIndex(index, device);
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, Gpu** device) {
+  return DeviceGetHandleByIndex("nvmlDeviceGetHandleByIndex_v2", index, device);
 }
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetHandleByIndex(unsigned int index, nvml::Device* device) {
-  return DeviceGetHandleByIndex(index, device);
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetHandleByIndex(unsigned int index, Gpu** device) {
+  return DeviceGetHandleByIndex("nvmlDeviceGetHandleByIndex", index, device);
 }
 
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetName(nvml::Device device, char* name,
-                                                unsigned int length) {
-  return Fake::Get().WithGpu(
-      device, [&](const FakeGpu& g, unsigned int) { return CopyString(g.name, name, length); });
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetName(Gpu* device, char* name, unsigned int length) {
+  return Fake::Get().WithGpu("nvmlDeviceGetName", device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int) {
+                               return CopyString(g.name, name, length);
+                             });
 }
 
 #ifndef FAKE_NVML_MINIMAL
 
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetUUID(nvml::Device device, char* uuid,
-                                                unsigned int length) {
+FAKE_NVML_EXPORT int32_t nvmlSystemGetNVMLVersion(char* version, unsigned int length) {
+  return Fake::Get().With("nvmlSystemGetNVMLVersion", [&](const FakeState& s) {
+    // NVML versions read "<CUDA major>.<driver version>", e.g. 12.550.54.15.
+    return CopyString(absl::StrCat("12.", s.driver_version), version, length);
+  });
+}
+
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetUUID(Gpu* device, char* uuid, unsigned int length) {
+  return Fake::Get().WithGpu("nvmlDeviceGetUUID", device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int) {
+                               // The documented buffer is NVML_DEVICE_UUID_V2_BUFFER_SIZE (96); a
+                               // smaller one is refused as the driver refuses it.
+                               if (length < 96) return int32_t{RC_INSUFFICIENT_SIZE};
+                               return CopyString(g.uuid, uuid, length);
+                             });
+}
+
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetMigMode(Gpu* device, unsigned int* current,
+                                              unsigned int* pending) {
+  return Fake::Get().WithGpu("nvmlDeviceGetMigMode", device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int) {
+                               if (current == nullptr || pending == nullptr) {
+                                 return int32_t{RC_INVALID_ARGUMENT};
+                               }
+                               *current = *pending = g.mig ? 1 : 0;
+                               return int32_t{RC_SUCCESS};
+                             });
+}
+
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetUtilizationRates(Gpu* device, UtilizationRec* u) {
+  return Fake::Get().WithGpu("nvmlDeviceGetUtilizationRates", device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int) {
+                               if (u == nullptr) return int32_t{RC_INVALID_ARGUMENT};
+                               // A GPU in MIG mode has no device-wide utilization.
+                               if (g.mig || !g.utilization_gpu.has_value())
+                                 return int32_t{RC_NOT_SUPPORTED};
+                               u->gpu = AsUint(*g.utilization_gpu);
+                               u->memory = AsUint(g.utilization_memory.value_or(0));
+                               return int32_t{RC_SUCCESS};
+                             });
+}
+
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetMemoryInfo(Gpu* device, MemoryRec* m) {
+  return Fake::Get().WithGpu("nvmlDeviceGetMemoryInfo", device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int) {
+                               if (m == nullptr) return int32_t{RC_INVALID_ARGUMENT};
+                               if (!g.memory_total_bytes.has_value())
+                                 return int32_t{RC_NOT_SUPPORTED};
+                               m->total = static_cast<uint64_t>(*g.memory_total_bytes);
+                               m->used = static_cast<uint64_t>(g.memory_used_bytes.value_or(0));
+                               m->free = m->total > m->used ? m->total - m->used : 0;
+                               return int32_t{RC_SUCCESS};
+                             });
+}
+
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetClockInfo(Gpu* device, uint32_t type, unsigned int* clock) {
+  return Fake::Get().WithGpu("nvmlDeviceGetClockInfo", device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int) {
+                               if (type != kClockSm) return int32_t{RC_NOT_SUPPORTED};
+                               return PutUint(g.sm_clock_mhz, clock);
+                             });
+}
+
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetMaxClockInfo(Gpu* device, uint32_t type,
+                                                   unsigned int* clock) {
+  return Fake::Get().WithGpu("nvmlDeviceGetMaxClockInfo", device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int) {
+                               if (type != kClockSm) return int32_t{RC_NOT_SUPPORTED};
+                               return PutUint(g.sm_clock_max_mhz, clock);
+                             });
+}
+
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetPowerUsage(Gpu* device, unsigned int* mw) {
   return Fake::Get().WithGpu(
-      device, [&](const FakeGpu& g, unsigned int) { return CopyString(g.uuid, uuid, length); });
+      "nvmlDeviceGetPowerUsage", device,
+      [&](const FakeState&, const FakeGpu& g, unsigned int) { return PutUint(g.power_mw, mw); });
 }
 
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetUtilizationRates(nvml::Device device,
-                                                            nvml::Utilization* u) {
-  return Fake::Get().WithGpu(device, [&](const FakeGpu& g, unsigned int) {
-    if (u == nullptr) return nvml::kErrorInvalidArgument;
-    if (!g.utilization_gpu.has_value()) return nvml::kErrorNotSupported;
-    u->gpu = AsUint(*g.utilization_gpu);
-    u->memory = AsUint(g.utilization_memory.value_or(0));
-    return nvml::kSuccess;
-  });
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetEnforcedPowerLimit(Gpu* device, unsigned int* mw) {
+  return Fake::Get().WithGpu("nvmlDeviceGetEnforcedPowerLimit", device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int) {
+                               return PutUint(g.power_limit_mw, mw);
+                             });
 }
 
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetMemoryInfo(nvml::Device device, nvml::Memory* m) {
-  return Fake::Get().WithGpu(device, [&](const FakeGpu& g, unsigned int) {
-    if (m == nullptr) return nvml::kErrorInvalidArgument;
-    if (!g.memory_total_bytes.has_value()) return nvml::kErrorNotSupported;
-    m->total = static_cast<unsigned long long>(*g.memory_total_bytes);
-    m->used = static_cast<unsigned long long>(g.memory_used_bytes.value_or(0));
-    m->free = m->total > m->used ? m->total - m->used : 0;
-    return nvml::kSuccess;
-  });
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetTemperature(Gpu* device, uint32_t sensor,
+                                                  unsigned int* temp) {
+  return Fake::Get().WithGpu("nvmlDeviceGetTemperature", device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int) {
+                               if (sensor != kSensorGpu) return int32_t{RC_NOT_SUPPORTED};
+                               return PutUint(g.temperature_c, temp);
+                             });
 }
 
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetClockInfo(nvml::Device device, unsigned int type,
-                                                     unsigned int* clock) {
-  return Fake::Get().WithGpu(device, [&](const FakeGpu& g, unsigned int) {
-    if (type != nvml::kClockSm) return nvml::kErrorNotSupported;
-    return PutUint(g.sm_clock_mhz, clock);
-  });
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetTemperatureV(Gpu* device, TemperatureRec* t) {
+  return Fake::Get().WithGpu("nvmlDeviceGetTemperatureV", device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int) {
+                               // The driver checks the struct version, which encodes the struct
+                               // size.
+                               if (t == nullptr || t->version != kTemperatureRecVersion) {
+                                 return int32_t{RC_INVALID_ARGUMENT};
+                               }
+                               if (t->sensor != static_cast<int32_t>(kSensorGpu))
+                                 return int32_t{RC_NOT_SUPPORTED};
+                               if (!g.temperature_c.has_value()) return int32_t{RC_NOT_SUPPORTED};
+                               t->celsius = static_cast<int32_t>(AsUint(*g.temperature_c));
+                               return int32_t{RC_SUCCESS};
+                             });
 }
 
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetMaxClockInfo(nvml::Device device, unsigned int type,
-                                                        unsigned int* clock) {
-  return Fake::Get().WithGpu(device, [&](const FakeGpu& g, unsigned int) {
-    if (type != nvml::kClockSm) return nvml::kErrorNotSupported;
-    return PutUint(g.sm_clock_max_mhz, clock);
-  });
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetCurrentClocksEventReasons(Gpu* device, uint64_t* r) {
+  return ThrottleReasons("nvmlDeviceGetCurrentClocksEventReasons", device, r);
+}
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetCurrentClocksThrottleReasons(Gpu* device, uint64_t* r) {
+  return ThrottleReasons("nvmlDeviceGetCurrentClocksThrottleReasons", device, r);
 }
 
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetPowerUsage(nvml::Device device, unsigned int* mw) {
-  return Fake::Get().WithGpu(
-      device, [&](const FakeGpu& g, unsigned int) { return PutUint(g.power_mw, mw); });
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetPcieThroughput(Gpu* device, uint32_t counter,
+                                                     unsigned int* kbps) {
+  return Fake::Get().WithGpu("nvmlDeviceGetPcieThroughput", device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int) {
+                               if (counter == kPcieTx) return PutUint(g.pcie_tx_kbps, kbps);
+                               if (counter == kPcieRx) return PutUint(g.pcie_rx_kbps, kbps);
+                               return int32_t{RC_INVALID_ARGUMENT};
+                             });
 }
 
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetEnforcedPowerLimit(nvml::Device device,
-                                                              unsigned int* mw) {
-  return Fake::Get().WithGpu(
-      device, [&](const FakeGpu& g, unsigned int) { return PutUint(g.power_limit_mw, mw); });
+// NVLink throughput fields are per link: scopeId n reads link n, scopeId UINT_MAX the sum.
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetFieldValues(Gpu* device, int count, FieldRec* values) {
+  if (count < 0 || (count > 0 && values == nullptr)) return RC_INVALID_ARGUMENT;
+  return Fake::Get().WithGpu("nvmlDeviceGetFieldValues", device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int index) {
+                               const size_t links = g.nvlink_tx_link_kbps.size();
+                               const NvlinkCounter& c = Fake::Get().AdvanceNvlink(index, g);
+                               const int64_t now_us =
+                                   std::chrono::duration_cast<std::chrono::microseconds>(
+                                       std::chrono::system_clock::now().time_since_epoch())
+                                       .count();
+                               for (int i = 0; i < count; ++i) {
+                                 FieldRec& v = values[i];
+                                 v.timestamp_us = now_us;
+                                 v.latency_us = 0;
+                                 v.value_type = kValueTypeUll;
+                                 v.value = 0;
+                                 const double* kib = v.field_id == kFieldNvlinkTx   ? c.tx_kib
+                                                     : v.field_id == kFieldNvlinkRx ? c.rx_kib
+                                                                                    : nullptr;
+                                 if (kib == nullptr || links == 0) {
+                                   v.ret = RC_NOT_SUPPORTED;
+                                   continue;
+                                 }
+                                 if (v.scope_id == UINT_MAX) {
+                                   double sum = 0;
+                                   for (size_t l = 0; l < links; ++l) sum += kib[l];
+                                   v.value = static_cast<uint64_t>(sum);
+                                 } else if (v.scope_id < links) {
+                                   v.value = static_cast<uint64_t>(kib[v.scope_id]);
+                                 } else {
+                                   v.ret = RC_INVALID_ARGUMENT;
+                                   continue;
+                                 }
+                                 v.ret = RC_SUCCESS;
+                               }
+                               return int32_t{RC_SUCCESS};
+                             });
 }
 
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetTemperature(nvml::Device device, unsigned int sensor,
-                                                       unsigned int* temp) {
-  return Fake::Get().WithGpu(device, [&](const FakeGpu& g, unsigned int) {
-    if (sensor != nvml::kTemperatureGpu) return nvml::kErrorNotSupported;
-    return PutUint(g.temperature_c, temp);
-  });
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetComputeRunningProcesses_v3(Gpu* device, unsigned int* count,
+                                                                 void* infos) {
+  return RunningProcesses("nvmlDeviceGetComputeRunningProcesses_v3", device, count, infos, 0);
 }
-
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetCurrentClocksEventReasons(nvml::Device device,
-                                                                     unsigned long long* r) {
-  return DeviceGetThrottleReasons(device, r);
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetComputeRunningProcesses_v2(Gpu* device, unsigned int* count,
+                                                                 void* infos) {
+  return RunningProcesses("nvmlDeviceGetComputeRunningProcesses_v2", device, count, infos, 24);
 }
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetCurrentClocksThrottleReasons(nvml::Device device,
-                                                                        unsigned long long* r) {
-  return DeviceGetThrottleReasons(device, r);
-}
-
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetPcieThroughput(nvml::Device device, unsigned int counter,
-                                                          unsigned int* kbps) {
-  return Fake::Get().WithGpu(device, [&](const FakeGpu& g, unsigned int) {
-    if (counter == nvml::kPcieUtilTxBytes) return PutUint(g.pcie_tx_kbps, kbps);
-    if (counter == nvml::kPcieUtilRxBytes) return PutUint(g.pcie_rx_kbps, kbps);
-    return nvml::kErrorInvalidArgument;
-  });
-}
-
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetFieldValues(nvml::Device device, int count,
-                                                       nvml::FieldValue* values) {
-  if (count < 0 || (count > 0 && values == nullptr)) return nvml::kErrorInvalidArgument;
-  return Fake::Get().WithGpu(device, [&](const FakeGpu& g, unsigned int index) {
-    double tx = 0, rx = 0;
-    const bool nvlink = g.nvlink_tx_kbps.has_value() || g.nvlink_rx_kbps.has_value();
-    if (nvlink) Fake::Get().AdvanceNvlink(index, g, &tx, &rx);
-    const long long now_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                                 std::chrono::system_clock::now().time_since_epoch())
-                                 .count();
-    for (int i = 0; i < count; ++i) {
-      nvml::FieldValue& v = values[i];
-      v.timestamp = now_us;
-      v.latency_usec = 0;
-      v.value_type = nvml::kValueTypeUnsignedLongLong;
-      if (nvlink && v.field_id == nvml::kFieldNvlinkThroughputDataTx) {
-        v.value.ull_val = static_cast<unsigned long long>(tx);
-        v.nvml_return = nvml::kSuccess;
-      } else if (nvlink && v.field_id == nvml::kFieldNvlinkThroughputDataRx) {
-        v.value.ull_val = static_cast<unsigned long long>(rx);
-        v.nvml_return = nvml::kSuccess;
-      } else {
-        v.nvml_return = nvml::kErrorNotSupported;
-      }
-    }
-    return nvml::kSuccess;
-  });
-}
-
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetComputeRunningProcesses_v3(nvml::Device device,
-                                                                      unsigned int* count,
-                                                                      nvml::ProcessInfoV2* infos) {
-  return DeviceGetComputeRunningProcesses(device, count, infos);
-}
-FAKE_NVML_EXPORT nvml::Return nvmlDeviceGetComputeRunningProcesses_v2(nvml::Device device,
-                                                                      unsigned int* count,
-                                                                      nvml::ProcessInfoV2* infos) {
-  return DeviceGetComputeRunningProcesses(device, count, infos);
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetComputeRunningProcesses(Gpu* device, unsigned int* count,
+                                                              void* infos) {
+  return RunningProcesses("nvmlDeviceGetComputeRunningProcesses", device, count, infos, 16);
 }
 
 // GPM: supported on GPUs whose state has any of the three activity fields; the metrics between two
 // samples are the state's values at the time of the second sample, as percentages.
-FAKE_NVML_EXPORT nvml::Return nvmlGpmQueryDeviceSupport(nvml::Device device,
-                                                        nvml::GpmSupport* support) {
-  return Fake::Get().WithGpu(device, [&](const FakeGpu& g, unsigned int) {
-    if (support == nullptr || support->version != nvml::kGpmSupportVersion) {
-      return nvml::kErrorInvalidArgument;
-    }
-    support->is_supported_device =
-        g.sm_activity.has_value() || g.dram_bandwidth.has_value() || g.tensor_activity.has_value();
-    return nvml::kSuccess;
+FAKE_NVML_EXPORT int32_t nvmlGpmQueryDeviceSupport(Gpu* device, GpmSupportRec* support) {
+  return Fake::Get().WithGpu(
+      "nvmlGpmQueryDeviceSupport", device, [&](const FakeState&, const FakeGpu& g, unsigned int) {
+        if (support == nullptr || support->version != kGpmSupportVersion) {
+          return int32_t{RC_INVALID_ARGUMENT};
+        }
+        support->supported = g.sm_activity.has_value() || g.dram_bandwidth.has_value() ||
+                             g.tensor_activity.has_value();
+        return int32_t{RC_SUCCESS};
+      });
+}
+
+FAKE_NVML_EXPORT int32_t nvmlGpmSampleAlloc(GpmSampleRec** sample) {
+  if (sample == nullptr) return RC_INVALID_ARGUMENT;
+  return Fake::Get().With("nvmlGpmSampleAlloc", [&](const FakeState&) {
+    *sample = new GpmSampleRec{0, false};
+    return int32_t{RC_SUCCESS};
   });
 }
 
-FAKE_NVML_EXPORT nvml::Return nvmlGpmSampleAlloc(nvml::GpmSample* sample) {
-  if (sample == nullptr) return nvml::kErrorInvalidArgument;
-  *sample = new nvml::GpmSampleOpaque{0, false};
-  return nvml::kSuccess;
-}
-
-FAKE_NVML_EXPORT nvml::Return nvmlGpmSampleFree(nvml::GpmSample sample) {
+FAKE_NVML_EXPORT int32_t nvmlGpmSampleFree(GpmSampleRec* sample) {
   delete sample;
-  return nvml::kSuccess;
+  return RC_SUCCESS;
 }
 
-FAKE_NVML_EXPORT nvml::Return nvmlGpmSampleGet(nvml::Device device, nvml::GpmSample sample) {
-  if (sample == nullptr) return nvml::kErrorInvalidArgument;
-  return Fake::Get().WithGpu(device, [&](const FakeGpu&, unsigned int index) {
-    sample->device_index = index;
-    sample->taken = true;
-    return nvml::kSuccess;
-  });
+FAKE_NVML_EXPORT int32_t nvmlGpmSampleGet(Gpu* device, GpmSampleRec* sample) {
+  if (sample == nullptr) return RC_INVALID_ARGUMENT;
+  return Fake::Get().WithGpu("nvmlGpmSampleGet", device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int index) {
+                               if (g.mig) return int32_t{RC_NOT_SUPPORTED};
+                               Fake::Get().NoteGpmSample(index);
+                               sample->device_index = index;
+                               sample->taken = true;
+                               return int32_t{RC_SUCCESS};
+                             });
 }
 
-FAKE_NVML_EXPORT nvml::Return nvmlGpmMetricsGet(nvml::GpmMetricsGet* get) {
-  if (get == nullptr || get->version != nvml::kGpmMetricsGetVersion || get->sample1 == nullptr ||
+// Writes every one of the emulated driver's gpm_metric_max records (those not asked for are
+// cleared), as a driver that treats the struct as its own full size may.
+FAKE_NVML_EXPORT int32_t nvmlGpmMetricsGet(GpmGetHead* get) {
+  if (get == nullptr || get->version != kGpmMetricsGetVersion || get->sample1 == nullptr ||
       get->sample2 == nullptr || !get->sample1->taken || !get->sample2->taken ||
-      get->sample1->device_index != get->sample2->device_index ||
-      get->num_metrics > static_cast<unsigned int>(nvml::kGpmMetricsCapacity)) {
-    return nvml::kErrorInvalidArgument;
+      get->sample1->device_index != get->sample2->device_index) {
+    return RC_INVALID_ARGUMENT;
   }
-  return Fake::Get().With([&](const FakeState& s) {
-    if (get->sample2->device_index >= s.gpus.size()) return nvml::kErrorInvalidArgument;
+  return Fake::Get().With("nvmlGpmMetricsGet", [&](const FakeState& s) {
+    if (get->sample2->device_index >= s.gpus.size() || get->count > s.gpm_metric_max) {
+      return int32_t{RC_INVALID_ARGUMENT};
+    }
     const FakeGpu& g = s.gpus[get->sample2->device_index];
-    for (unsigned int i = 0; i < get->num_metrics; ++i) {
-      nvml::GpmMetric& m = get->metrics[i];
-      const std::optional<double>* v = nullptr;
-      if (m.metric_id == nvml::kGpmMetricSmUtil) v = &g.sm_activity;
-      if (m.metric_id == nvml::kGpmMetricDramBwUtil) v = &g.dram_bandwidth;
-      if (m.metric_id == nvml::kGpmMetricAnyTensorUtil) v = &g.tensor_activity;
-      if (v == nullptr || !v->has_value()) {
-        m.nvml_return = nvml::kErrorNotSupported;
+    if (auto it = g.errors.find("nvmlGpmMetricsGet"); it != g.errors.end()) return it->second;
+    auto* records =
+        reinterpret_cast<GpmMetricRec*>(reinterpret_cast<unsigned char*>(get) + sizeof(GpmGetHead));
+    for (unsigned int i = 0; i < s.gpm_metric_max; ++i) {
+      GpmMetricRec m;
+      memcpy(&m, &records[i], sizeof(m));
+      if (i >= get->count) {
+        memset(&records[i], 0, sizeof(m));
         continue;
       }
-      m.nvml_return = nvml::kSuccess;
-      m.value = **v * 100.0;
+      const std::optional<double>* v = nullptr;
+      if (m.id == kGpmSmUtil) v = &g.sm_activity;
+      if (m.id == kGpmDramBwUtil) v = &g.dram_bandwidth;
+      if (m.id == kGpmAnyTensorUtil) v = &g.tensor_activity;
+      if (v == nullptr || !v->has_value()) {
+        m.ret = RC_NOT_SUPPORTED;
+      } else {
+        m.ret = RC_SUCCESS;
+        m.value = **v * 100.0;
+      }
+      memcpy(&records[i], &m, sizeof(m));
     }
-    return nvml::kSuccess;
+    return int32_t{RC_SUCCESS};
   });
 }
 

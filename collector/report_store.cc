@@ -1,0 +1,370 @@
+#include "collector/report_store.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "collector/convert.h"
+#include "common/file.h"
+#include "common/log.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace stepwatch::collector {
+namespace {
+
+constexpr absl::string_view kSuffix = ".json";
+// Room for the suffix and the atomic write's ".tmp.PID" within a 255-byte file name.
+constexpr size_t kMaxStemBytes = 200;
+constexpr size_t kMaxFileBytes = 64 << 20;
+
+uint64_t Fnv1a64(absl::string_view s) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Keeps what changes while a finding lasts up to date; its identity and start stay.
+void Refresh(const analysis::Finding& f, v1::Finding* entry) {
+  v1::Finding fresh;
+  ToProto(f, &fresh);
+  entry->set_severity(fresh.severity());
+  entry->set_summary(fresh.summary());
+  entry->set_persistent(fresh.persistent());
+  entry->set_cause(fresh.cause());
+  *entry->mutable_causes() = fresh.causes();
+  entry->set_action(fresh.action());
+  *entry->mutable_ranks() = fresh.ranks();
+}
+
+}  // namespace
+
+ReportStore::ReportStore(ReportStoreOptions options) : options_(std::move(options)) {}
+
+ReportStore::~ReportStore() { Flush(); }
+
+std::string ReportStore::FileName(absl::string_view job) {
+  // Letters, digits, '-' and '_' stay; every other byte becomes %XX, so no name holds '/' or
+  // starts with a dot, and distinct names stay distinct.
+  std::string stem;
+  stem.reserve(job.size());
+  for (unsigned char c : job) {
+    if (absl::ascii_isalnum(c) || c == '-' || c == '_') {
+      stem += static_cast<char>(c);
+    } else {
+      absl::StrAppendFormat(&stem, "%%%02X", c);
+    }
+  }
+  if (stem.empty()) stem = "%";
+  if (stem.size() > kMaxStemBytes) {
+    // '~' never appears in an encoded name: a shortened name cannot equal a full one.
+    stem = absl::StrFormat("%s~%016x", stem.substr(0, kMaxStemBytes - 17), Fnv1a64(job));
+  }
+  return absl::StrCat(stem, kSuffix);
+}
+
+std::string ReportStore::PathOf(absl::string_view job) const {
+  return absl::StrCat(options_.dir, "/", FileName(job));
+}
+
+absl::Status ReportStore::Load(int64_t now) {
+  if (options_.dir.empty()) return absl::OkStatus();
+  std::error_code ec;
+  std::filesystem::create_directories(options_.dir, ec);
+  if (ec)
+    return absl::UnavailableError(absl::StrCat("cannot create ", options_.dir, ": ", ec.message()));
+  std::filesystem::directory_iterator it(options_.dir, ec);
+  if (ec)
+    return absl::UnavailableError(absl::StrCat("cannot list ", options_.dir, ": ", ec.message()));
+  google::protobuf::util::JsonParseOptions parse;
+  parse.ignore_unknown_fields = true;
+  int loaded = 0;
+  absl::MutexLock lock(&mu_);
+  for (; it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const std::filesystem::path& path = it->path();
+    const std::string name = path.filename().string();
+    if (!absl::EndsWith(name, kSuffix) || !it->is_regular_file(ec)) continue;
+    absl::StatusOr<std::string> data = ReadFile(path.string(), kMaxFileBytes);
+    if (!data.ok()) {
+      SW_LOG_WARNING << "skipping report " << path.string() << ": " << data.status();
+      continue;
+    }
+    v1::JobReport report;
+    auto parsed = google::protobuf::util::JsonStringToMessage(*data, &report, parse);
+    if (!parsed.ok() || report.job().empty() || FileName(report.job()) != name) {
+      SW_LOG_WARNING << "skipping report " << path.string() << ": "
+                     << (parsed.ok() ? "not the report of a job of that name"
+                                     : std::string(parsed.message()));
+      continue;
+    }
+    report.set_state("finished");
+    if (report.end_unix_nanos() < now - options_.retention_nanos) {
+      to_delete_.insert(report.job());
+      continue;
+    }
+    finished_[report.job()] = std::move(report);
+    ++loaded;
+  }
+  if (ec) SW_LOG_WARNING << "listing " << options_.dir << " stopped early: " << ec.message();
+  // Bound the number too (a smaller --max-reports than before).
+  while (static_cast<int>(finished_.size()) > options_.max_reports) {
+    auto oldest =
+        std::min_element(finished_.begin(), finished_.end(), [](const auto& a, const auto& b) {
+          return a.second.end_unix_nanos() < b.second.end_unix_nanos();
+        });
+    DropFinished(std::string(oldest->first));
+  }
+  SW_LOG_INFO << "loaded " << loaded << " job reports from " << options_.dir;
+  return absl::OkStatus();
+}
+
+void ReportStore::Observe(const analysis::JobSnapshot& job,
+                          const std::vector<analysis::Finding>& active, const JobSpan& span,
+                          int64_t now) {
+  absl::MutexLock lock(&mu_);
+  auto it = running_.find(job.job);
+  if (it == running_.end()) {
+    it = running_.emplace(job.job, Tracked{}).first;
+    v1::JobReport& r = it->second.report;
+    r.set_job(job.job);
+    r.set_state("running");
+    r.set_first_step(-1);
+    r.set_last_step(-1);
+  }
+  Update(&it->second, job, active, span, now);
+}
+
+void ReportStore::Finish(const analysis::JobSnapshot& job,
+                         const std::vector<analysis::Finding>& active, const JobSpan& span,
+                         absl::string_view reason, int64_t now) {
+  Observe(job, active, span, now);
+  absl::MutexLock lock(&mu_);
+  auto it = running_.find(job.job);
+  Tracked& t = it->second;
+  CloseAll(&t, now);
+  t.report.set_state("finished");
+  t.report.set_end_reason(std::string(reason));
+  t.report.set_end_unix_nanos(now);
+  t.report.set_updated_unix_nanos(now);
+  v1::JobReport report = std::move(t.report);
+  running_.erase(it);
+  KeepFinished(std::move(report));
+}
+
+void ReportStore::Update(Tracked* t, const analysis::JobSnapshot& job,
+                         const std::vector<analysis::Finding>& active, const JobSpan& span,
+                         int64_t now) {
+  v1::JobReport& r = t->report;
+  if (job.world_size > 0) r.set_world_size(job.world_size);
+  r.set_last_step(std::max(r.last_step(), job.last_step));
+  if (span.first_step >= 0 && (r.first_step() < 0 || span.first_step < r.first_step())) {
+    r.set_first_step(span.first_step);
+  }
+  if (r.start_unix_nanos() == 0)
+    r.set_start_unix_nanos(span.start_unix_nanos > 0 ? span.start_unix_nanos : now);
+  r.set_updated_unix_nanos(now);
+  if (job.median_step_s > 0) r.set_step_seconds(job.median_step_s);
+  // Unknown stays unknown: only a job that reported its split has these (and keeps the last).
+  if (job.split_known) {
+    r.set_efficiency_ratio(job.efficiency_ratio);
+    auto& tr = *r.mutable_time_ratio();
+    tr["compute"] = job.breakdown.compute;
+    tr["imbalance"] = job.breakdown.imbalance;
+    tr["comm"] = job.breakdown.comm;
+    tr["data"] = job.breakdown.data;
+    tr["other"] = job.breakdown.other;
+    auto& wi = *r.mutable_whatif_speedup_ratio();
+    wi["stragglers"] = job.whatif.stragglers;
+    wi["overlap"] = job.whatif.overlap;
+    wi["data"] = job.whatif.data;
+  }
+  if (job.scaling_efficiency_ratio.has_value()) {
+    r.set_scaling_efficiency_ratio(*job.scaling_efficiency_ratio);
+  }
+
+  absl::flat_hash_set<FindingKey> seen;
+  for (const analysis::Finding& f : active) {
+    if (f.job != job.job) continue;
+    FindingKey key(analysis::FindingKindName(f.kind), f.rank, f.node, f.gpu, f.stage);
+    auto found = t->active.find(key);
+    if (found != t->active.end()) {
+      if (found->second >= 0) Refresh(f, r.mutable_findings(found->second));
+    } else {
+      v1::Finding entry;
+      ToProto(f, &entry);
+      entry.set_job(job.job);
+      r.set_finding_count(r.finding_count() + 1);
+      // A finding dropped for want of room is remembered (as -1) so it is counted only once.
+      t->active[key] = Append(t, entry) ? r.findings_size() - 1 : -1;
+    }
+    seen.insert(std::move(key));
+  }
+  for (auto a = t->active.begin(); a != t->active.end();) {
+    if (seen.contains(a->first)) {
+      ++a;
+      continue;
+    }
+    if (a->second >= 0) {
+      v1::Finding* f = r.mutable_findings(a->second);
+      f->set_until_step(r.last_step());
+      f->set_until_unix_nanos(now);
+    }
+    t->active.erase(a++);
+  }
+}
+
+bool ReportStore::Append(Tracked* t, const v1::Finding& f) {
+  v1::JobReport& r = t->report;
+  if (r.findings_size() >= std::max(1, options_.max_findings_per_report)) {
+    int victim = -1;
+    for (int i = 0; i < r.findings_size(); ++i) {
+      if (r.findings(i).until_step() >= 0) {
+        victim = i;
+        break;
+      }
+    }
+    r.set_findings_dropped(r.findings_dropped() + 1);
+    if (victim < 0) return false;
+    r.mutable_findings()->DeleteSubrange(victim, 1);
+    for (auto& [key, index] : t->active) {
+      if (index > victim) --index;
+    }
+  }
+  *r.add_findings() = f;
+  return true;
+}
+
+void ReportStore::CloseAll(Tracked* t, int64_t now) {
+  for (const auto& [key, index] : t->active) {
+    if (index < 0) continue;
+    v1::Finding* f = t->report.mutable_findings(index);
+    f->set_until_step(t->report.last_step());
+    f->set_until_unix_nanos(now);
+  }
+  t->active.clear();
+}
+
+void ReportStore::KeepFinished(v1::JobReport report) {
+  const std::string job = report.job();
+  finished_[job] = std::move(report);
+  to_delete_.erase(job);
+  to_write_.insert(job);
+  while (static_cast<int>(finished_.size()) > std::max(1, options_.max_reports)) {
+    auto oldest =
+        std::min_element(finished_.begin(), finished_.end(), [](const auto& a, const auto& b) {
+          return a.second.end_unix_nanos() < b.second.end_unix_nanos();
+        });
+    SW_LOG_INFO << "dropping the report of job " << oldest->first << ": more than "
+                << options_.max_reports << " reports";
+    DropFinished(std::string(oldest->first));
+  }
+}
+
+void ReportStore::DropFinished(const std::string& job) {
+  finished_.erase(job);
+  to_write_.erase(job);
+  to_delete_.insert(job);
+}
+
+void ReportStore::Prune(int64_t now) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> old;
+  for (const auto& [job, report] : finished_) {
+    if (report.end_unix_nanos() < now - options_.retention_nanos) old.push_back(job);
+  }
+  for (const std::string& job : old) DropFinished(job);
+}
+
+int ReportStore::Flush() {
+  absl::MutexLock flush_lock(&flush_mu_);
+  std::vector<std::pair<std::string, std::string>> writes;
+  std::vector<std::string> deletes;
+  {
+    absl::MutexLock lock(&mu_);
+    if (options_.dir.empty()) {
+      to_write_.clear();
+      to_delete_.clear();
+      return 0;
+    }
+    google::protobuf::util::JsonPrintOptions print;
+    print.preserve_proto_field_names = true;
+    for (const std::string& job : to_write_) {
+      std::string json;
+      if (google::protobuf::util::MessageToJsonString(finished_.at(job), &json, print).ok()) {
+        writes.emplace_back(PathOf(job), std::move(json));
+      }
+    }
+    for (const std::string& job : to_delete_) deletes.push_back(PathOf(job));
+    to_write_.clear();
+    to_delete_.clear();
+  }
+  int failures = 0;
+  for (const auto& [path, json] : writes) {
+    if (absl::Status st = WriteFileAtomically(path, json); !st.ok()) {
+      ++failures;
+      SW_LOG_WARNING << "cannot save report: " << st;
+    }
+  }
+  for (const std::string& path : deletes) {
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+    if (ec) {
+      ++failures;
+      SW_LOG_WARNING << "cannot delete report " << path << ": " << ec.message();
+    }
+  }
+  return failures;
+}
+
+absl::StatusOr<v1::JobReport> ReportStore::Get(absl::string_view job) const {
+  absl::MutexLock lock(&mu_);
+  if (auto it = running_.find(job); it != running_.end()) return it->second.report;
+  if (auto it = finished_.find(job); it != finished_.end()) return it->second;
+  return absl::NotFoundError(absl::StrCat("no report of a job named \"", job, "\""));
+}
+
+std::vector<v1::JobReport> ReportStore::List() const {
+  std::vector<v1::JobReport> out;
+  absl::MutexLock lock(&mu_);
+  out.reserve(running_.size() + finished_.size());
+  auto add = [&out](const v1::JobReport& r) {
+    // Field by field: copying the whole report would copy every finding only to drop it.
+    v1::JobReport& s = out.emplace_back();
+    s.set_job(r.job());
+    s.set_state(r.state());
+    s.set_end_reason(r.end_reason());
+    s.set_world_size(r.world_size());
+    s.set_first_step(r.first_step());
+    s.set_last_step(r.last_step());
+    s.set_start_unix_nanos(r.start_unix_nanos());
+    s.set_end_unix_nanos(r.end_unix_nanos());
+    s.set_updated_unix_nanos(r.updated_unix_nanos());
+    s.set_step_seconds(r.step_seconds());
+    if (r.has_efficiency_ratio()) s.set_efficiency_ratio(r.efficiency_ratio());
+    *s.mutable_time_ratio() = r.time_ratio();
+    *s.mutable_whatif_speedup_ratio() = r.whatif_speedup_ratio();
+    if (r.has_scaling_efficiency_ratio()) {
+      s.set_scaling_efficiency_ratio(r.scaling_efficiency_ratio());
+    }
+    s.set_finding_count(r.finding_count());
+    s.set_findings_dropped(r.findings_dropped());
+  };
+  for (const auto& [job, t] : running_) add(t.report);
+  for (const auto& [job, r] : finished_) add(r);
+  std::sort(out.begin(), out.end(), [](const v1::JobReport& a, const v1::JobReport& b) {
+    if (a.updated_unix_nanos() != b.updated_unix_nanos()) {
+      return a.updated_unix_nanos() > b.updated_unix_nanos();
+    }
+    return a.job() < b.job();
+  });
+  return out;
+}
+
+}  // namespace stepwatch::collector

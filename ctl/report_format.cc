@@ -1,0 +1,227 @@
+#include "ctl/report_format.h"
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "common/json.h"
+#include "ctl/format.h"
+
+namespace stepwatch::ctl {
+namespace {
+
+constexpr const char* kComponents[] = {"compute", "imbalance", "comm", "data", "other"};
+constexpr const char* kFixes[] = {"stragglers", "overlap", "data"};
+
+std::string Time(int64_t unix_nanos, const char* format) {
+  return absl::FormatTime(format, absl::FromUnixNanos(unix_nanos), absl::UTCTimeZone());
+}
+
+std::string HumanTime(int64_t unix_nanos) {
+  return unix_nanos > 0 ? Time(unix_nanos, "%Y-%m-%d %H:%M:%S UTC") : "-";
+}
+
+std::string Steps(int64_t first, int64_t last) {
+  if (last < 0) return "-";
+  return absl::StrCat(first < 0 ? "?" : absl::StrCat(first), "..", last);
+}
+
+std::string DashIfNegative(int64_t v) { return v < 0 ? "-" : absl::StrCat(v); }
+
+// --- JSON: a small writer that keeps key order and prints one member per line at the top level.
+
+std::string Number(double v) {
+  if (!std::isfinite(v)) return "null";
+  return absl::StrFormat("%.6g", v);
+}
+
+std::string TimeOrNull(int64_t unix_nanos) {
+  return unix_nanos > 0 ? json::Quote(Time(unix_nanos, "%Y-%m-%dT%H:%M:%E3SZ")) : "null";
+}
+
+std::string NanosOrNull(int64_t unix_nanos) {
+  return unix_nanos > 0 ? absl::StrCat(unix_nanos) : "null";
+}
+
+// {"a": 1, "b": 2} in the order of `keys`; null when the map is empty (unknown).
+std::string RatioObject(const google::protobuf::Map<std::string, double>& map,
+                        const char* const* keys, size_t n) {
+  if (map.empty()) return "null";
+  std::vector<std::string> members;
+  for (size_t i = 0; i < n; ++i) {
+    auto it = map.find(keys[i]);
+    members.push_back(
+        absl::StrCat(json::Quote(keys[i]), ": ", it == map.end() ? "null" : Number(it->second)));
+  }
+  return absl::StrCat("{", absl::StrJoin(members, ", "), "}");
+}
+
+std::string FindingJson(const v1::Finding& f) {
+  std::vector<std::string> causes;
+  for (const std::string& c : f.causes()) causes.push_back(json::Quote(c));
+  const std::vector<std::pair<const char*, std::string>> members = {
+      {"kind", json::Quote(f.kind())},
+      {"rank", absl::StrCat(f.rank())},
+      {"node", json::Quote(f.node())},
+      {"gpu", absl::StrCat(f.gpu())},
+      {"stage", absl::StrCat(f.stage())},
+      {"cause", json::Quote(f.cause())},
+      {"causes", absl::StrCat("[", absl::StrJoin(causes, ", "), "]")},
+      {"severity", json::Quote(f.severity())},
+      {"persistent", f.persistent() ? "true" : "false"},
+      {"since_step", absl::StrCat(f.since_step())},
+      {"until_step", absl::StrCat(f.until_step())},
+      {"since_time", TimeOrNull(f.since_unix_nanos())},
+      {"until_time", TimeOrNull(f.until_step() < 0 ? 0 : f.until_unix_nanos())},
+      {"ranks", absl::StrCat("[", absl::StrJoin(f.ranks(), ", "), "]")},
+      {"summary", json::Quote(f.summary())},
+      {"action", json::Quote(f.action())},
+  };
+  std::string out = "{";
+  for (size_t i = 0; i < members.size(); ++i) {
+    absl::StrAppend(&out, i == 0 ? "" : ", ", json::Quote(members[i].first), ": ",
+                    members[i].second);
+  }
+  return out + "}";
+}
+
+// The members of a report; `indent` prefixes each line.
+std::string ReportMembers(const v1::JobReport& r, bool with_findings, const std::string& indent) {
+  std::vector<std::pair<const char*, std::string>> m = {
+      {"job", json::Quote(r.job())},
+      {"state", json::Quote(r.state())},
+      {"end_reason", r.end_reason().empty() ? "null" : json::Quote(r.end_reason())},
+      {"world_size", absl::StrCat(r.world_size())},
+      {"first_step", absl::StrCat(r.first_step())},
+      {"last_step", absl::StrCat(r.last_step())},
+      {"start_time", TimeOrNull(r.start_unix_nanos())},
+      {"end_time", TimeOrNull(r.end_unix_nanos())},
+      {"start_unix_nanos", NanosOrNull(r.start_unix_nanos())},
+      {"end_unix_nanos", NanosOrNull(r.end_unix_nanos())},
+      {"step_seconds", r.step_seconds() > 0 ? Number(r.step_seconds()) : "null"},
+      {"efficiency_ratio", r.has_efficiency_ratio() ? Number(r.efficiency_ratio()) : "null"},
+      {"scaling_efficiency_ratio",
+       r.has_scaling_efficiency_ratio() ? Number(r.scaling_efficiency_ratio()) : "null"},
+      {"breakdown", RatioObject(r.time_ratio(), kComponents, std::size(kComponents))},
+      {"whatif", RatioObject(r.whatif_speedup_ratio(), kFixes, std::size(kFixes))},
+      {"finding_count", absl::StrCat(r.finding_count())},
+      {"findings_dropped", absl::StrCat(r.findings_dropped())},
+  };
+  if (with_findings) {
+    std::string list = "[";
+    for (int i = 0; i < r.findings_size(); ++i) {
+      absl::StrAppend(&list, i == 0 ? "\n" : ",\n", indent, "  ", FindingJson(r.findings(i)));
+    }
+    absl::StrAppend(&list, r.findings().empty() ? "" : absl::StrCat("\n", indent), "]");
+    m.emplace_back("findings", std::move(list));
+  }
+  std::string out;
+  for (size_t i = 0; i < m.size(); ++i) {
+    absl::StrAppend(&out, indent, json::Quote(m[i].first), ": ", m[i].second,
+                    i + 1 < m.size() ? ",\n" : "\n");
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string FormatReport(const v1::JobReport& r) {
+  std::string out = absl::StrFormat("Job %s: %s", r.job(), r.state());
+  if (r.end_reason() == "exited") out += " (every rank's process exited)";
+  if (r.end_reason() == "expired") out += " (silent, forgotten after --expire)";
+  absl::StrAppend(&out, ", ", r.world_size(), " ranks, steps ",
+                  Steps(r.first_step(), r.last_step()), "\n");
+  absl::StrAppend(&out, "Started ", HumanTime(r.start_unix_nanos()));
+  if (r.end_unix_nanos() > 0) {
+    const absl::Duration took = absl::Nanoseconds(r.end_unix_nanos() - r.start_unix_nanos());
+    absl::StrAppend(&out, ", ended ", HumanTime(r.end_unix_nanos()), " (",
+                    took < absl::Seconds(1)
+                        ? "under 1s"
+                        : absl::FormatDuration(absl::Trunc(took, absl::Seconds(1))),
+                    ")");
+  }
+  out += '\n';
+  absl::StrAppend(&out, "Step time ", r.step_seconds() > 0 ? FormatDuration(r.step_seconds()) : "-",
+                  ", efficiency (ideal / actual step time) ",
+                  r.has_efficiency_ratio() ? FormatPercent(r.efficiency_ratio()) : "unknown");
+  if (r.has_scaling_efficiency_ratio()) {
+    absl::StrAppend(&out, ", scaling efficiency ", FormatPercent(r.scaling_efficiency_ratio()));
+  }
+  out += '\n';
+
+  if (!r.time_ratio().empty()) {
+    out += "\nWhere the step time went (last known)\n";
+    std::vector<std::vector<std::string>> rows;
+    for (const char* component : kComponents) {
+      auto it = r.time_ratio().find(component);
+      const double v = it == r.time_ratio().end() ? 0 : it->second;
+      rows.push_back(
+          {absl::StrCat("  ", component), absl::StrFormat("%5.1f%%", v * 100), Bar(v, 24)});
+    }
+    out += FormatTable(rows);
+  }
+  if (!r.whatif_speedup_ratio().empty()) {
+    out += "\nWhat if (last known)\n";
+    std::vector<std::vector<std::string>> rows;
+    for (const char* fix : kFixes) {
+      auto it = r.whatif_speedup_ratio().find(fix);
+      if (it == r.whatif_speedup_ratio().end()) continue;
+      rows.push_back(
+          {absl::StrCat("  ", fix, " fixed"), absl::StrFormat("%.2fx faster", it->second)});
+    }
+    out += FormatTable(rows);
+  }
+
+  absl::StrAppend(&out, "\nFindings (", r.finding_count(), " in all");
+  if (r.findings_dropped() > 0)
+    absl::StrAppend(&out, ", ", r.findings_dropped(), " oldest dropped");
+  out += ")\n";
+  if (r.findings().empty()) {
+    out += "  none\n";
+    return out;
+  }
+  std::vector<std::vector<std::string>> rows = {
+      {"SEVERITY", "KIND", "RANK", "NODE", "GPU", "CAUSE", "STEPS", "SUMMARY"}};
+  for (const v1::Finding& f : r.findings()) {
+    rows.push_back({f.severity(), f.kind(), DashIfNegative(f.rank()),
+                    f.node().empty() ? "-" : f.node(), DashIfNegative(f.gpu()),
+                    f.cause().empty() ? "-" : f.cause(),
+                    absl::StrCat(f.since_step(), "..",
+                                 f.until_step() < 0 ? "(active)" : absl::StrCat(f.until_step())),
+                    f.summary()});
+  }
+  out += FormatTable(rows);
+  return out;
+}
+
+std::string FormatReportList(const v1::ReportResponse& response) {
+  if (response.reports().empty()) return "No job reports.\n";
+  std::vector<std::vector<std::string>> rows = {
+      {"JOB", "STATE", "WORLD", "STEPS", "ENDED", "FINDINGS"}};
+  for (const v1::JobReport& r : response.reports()) {
+    rows.push_back({r.job(), r.state(), absl::StrCat(r.world_size()),
+                    Steps(r.first_step(), r.last_step()), HumanTime(r.end_unix_nanos()),
+                    absl::StrCat(r.finding_count())});
+  }
+  return FormatTable(rows);
+}
+
+std::string ReportToJson(const v1::JobReport& report) {
+  return absl::StrCat("{\n", ReportMembers(report, /*with_findings=*/true, "  "), "}\n");
+}
+
+std::string ReportListToJson(const v1::ReportResponse& response) {
+  std::string out = "{\n  \"reports\": [";
+  for (int i = 0; i < response.reports_size(); ++i) {
+    absl::StrAppend(&out, i == 0 ? "\n" : ",\n", "    {\n",
+                    ReportMembers(response.reports(i), /*with_findings=*/false, "      "), "    }");
+  }
+  absl::StrAppend(&out, response.reports().empty() ? "" : "\n  ", "]\n}\n");
+  return out;
+}
+
+}  // namespace stepwatch::ctl

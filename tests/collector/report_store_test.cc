@@ -1,0 +1,358 @@
+#include "collector/report_store.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "collector/state.h"
+#include "common/clock.h"
+#include "common/file.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "tests/collector/test_util.h"
+
+namespace stepwatch::collector {
+namespace {
+
+constexpr int64_t kSecond = 1'000'000'000;
+constexpr int64_t kT0 = 1'700'000'000 * kSecond;
+
+analysis::JobSnapshot Snap(const std::string& job, int64_t last_step, bool split_known = false) {
+  analysis::JobSnapshot s;
+  s.job = job;
+  s.world_size = 8;
+  s.last_step = last_step;
+  s.median_step_s = 0.5;
+  s.split_known = split_known;
+  if (split_known) {
+    s.efficiency_ratio = 0.8;
+    s.breakdown = {0.6, 0.2, 0.1, 0.05, 0.05};
+    s.whatif = {1.25, 1.1, 1.05};
+  }
+  return s;
+}
+
+analysis::Finding Straggler(const std::string& job, int rank, int64_t since_step,
+                            const std::string& summary = "slow") {
+  analysis::Finding f;
+  f.kind = analysis::FindingKind::kStraggler;
+  f.job = job;
+  f.rank = rank;
+  f.node = "node-0";
+  f.since_step = since_step;
+  f.since_unix_nanos = kT0 + since_step * kSecond;
+  f.cause = analysis::Cause::kThermalThrottling;
+  f.causes = {analysis::Cause::kThermalThrottling};
+  f.summary = summary;
+  return f;
+}
+
+// A fresh directory under the test's temporary directory.
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir = absl::StrCat(base != nullptr ? base : "/tmp", "/stepwatch-report-test-",
+                                 ::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                                 "-", name, "-", getpid());
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+v1::JobReport MustGet(const ReportStore& store, const std::string& job) {
+  absl::StatusOr<v1::JobReport> r = store.Get(job);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : v1::JobReport();
+}
+
+TEST(ReportStoreTest, KeepsEveryFindingWithTheStepsItStartedAndClearedAt) {
+  ReportStore store({});
+  store.Observe(Snap("j", 10), {Straggler("j", 3, 8, "first")}, {0, kT0}, kT0 + 10 * kSecond);
+  // Other jobs' findings are ignored; a finding that lasts keeps one entry with the latest text.
+  store.Observe(Snap("j", 20),
+                {Straggler("j", 3, 8, "latest"), Straggler("j", 5, 19), Straggler("other", 1, 1)},
+                {0, kT0}, kT0 + 20 * kSecond);
+  store.Observe(Snap("j", 30), {Straggler("j", 5, 19)}, {0, kT0}, kT0 + 30 * kSecond);
+
+  v1::JobReport r = MustGet(store, "j");
+  EXPECT_EQ(r.state(), "running");
+  EXPECT_EQ(r.world_size(), 8);
+  EXPECT_EQ(r.first_step(), 0);
+  EXPECT_EQ(r.last_step(), 30);
+  EXPECT_EQ(r.start_unix_nanos(), kT0);
+  EXPECT_EQ(r.end_unix_nanos(), 0);
+  ASSERT_EQ(r.findings_size(), 2) << r.DebugString();
+  EXPECT_EQ(r.finding_count(), 2);
+  EXPECT_EQ(r.findings(0).rank(), 3);
+  EXPECT_EQ(r.findings(0).summary(), "latest");
+  EXPECT_EQ(r.findings(0).cause(), "thermal_throttling");
+  EXPECT_EQ(r.findings(0).since_step(), 8);
+  EXPECT_EQ(r.findings(0).until_step(), 30);
+  EXPECT_EQ(r.findings(0).until_unix_nanos(), kT0 + 30 * kSecond);
+  EXPECT_EQ(r.findings(1).rank(), 5);
+  EXPECT_EQ(r.findings(1).until_step(), -1);
+  EXPECT_FALSE(store.Get("other").ok());
+  EXPECT_TRUE(absl::IsNotFound(store.Get("nope").status()));
+}
+
+TEST(ReportStoreTest, FindingThatComesBackIsANewEntry) {
+  ReportStore store({});
+  store.Observe(Snap("j", 10), {Straggler("j", 3, 10)}, {}, kT0);
+  store.Observe(Snap("j", 20), {}, {}, kT0 + kSecond);
+  store.Observe(Snap("j", 40), {Straggler("j", 3, 35)}, {}, kT0 + 2 * kSecond);
+  v1::JobReport r = MustGet(store, "j");
+  ASSERT_EQ(r.findings_size(), 2);
+  EXPECT_EQ(r.findings(0).until_step(), 20);
+  EXPECT_EQ(r.findings(1).since_step(), 35);
+  EXPECT_EQ(r.findings(1).until_step(), -1);
+}
+
+TEST(ReportStoreTest, FinishClosesActiveFindingsAtTheLastStep) {
+  ReportStore store({});
+  store.Observe(Snap("j", 10), {Straggler("j", 3, 10)}, {5, kT0}, kT0 + kSecond);
+  store.Finish(Snap("j", 99), {Straggler("j", 3, 10), Straggler("j", 4, 90)}, {5, kT0}, "exited",
+               kT0 + 9 * kSecond);
+  v1::JobReport r = MustGet(store, "j");
+  EXPECT_EQ(r.state(), "finished");
+  EXPECT_EQ(r.end_reason(), "exited");
+  EXPECT_EQ(r.first_step(), 5);
+  EXPECT_EQ(r.last_step(), 99);
+  EXPECT_EQ(r.end_unix_nanos(), kT0 + 9 * kSecond);
+  ASSERT_EQ(r.findings_size(), 2);
+  for (const v1::Finding& f : r.findings()) EXPECT_EQ(f.until_step(), 99) << f.DebugString();
+  // A job that finishes before it was ever observed still gets a report.
+  store.Finish(Snap("short", 3), {}, {0, kT0}, "exited", kT0 + kSecond);
+  EXPECT_EQ(MustGet(store, "short").state(), "finished");
+}
+
+TEST(ReportStoreTest, UnknownSplitStaysUnknownAndKnownValuesAreKept) {
+  ReportStore store({});
+  store.Observe(Snap("j", 1), {}, {}, kT0);
+  v1::JobReport r = MustGet(store, "j");
+  EXPECT_FALSE(r.has_efficiency_ratio());
+  EXPECT_TRUE(r.time_ratio().empty());
+  EXPECT_TRUE(r.whatif_speedup_ratio().empty());
+  store.Observe(Snap("j", 2, /*split_known=*/true), {}, {}, kT0);
+  store.Observe(Snap("j", 3, /*split_known=*/false), {}, {}, kT0);
+  r = MustGet(store, "j");
+  ASSERT_TRUE(r.has_efficiency_ratio());
+  EXPECT_DOUBLE_EQ(r.efficiency_ratio(), 0.8);
+  EXPECT_DOUBLE_EQ(r.time_ratio().at("imbalance"), 0.2);
+  EXPECT_DOUBLE_EQ(r.whatif_speedup_ratio().at("stragglers"), 1.25);
+}
+
+TEST(ReportStoreTest, FindingsPerReportAreBoundedOldestClearedFirst) {
+  ReportStoreOptions o;
+  o.max_findings_per_report = 3;
+  ReportStore store(o);
+  // Rank 7 stays flagged throughout; rank 1 comes and goes 5 times.
+  int64_t step = 0;
+  for (int i = 0; i < 5; ++i) {
+    ++step;
+    store.Observe(Snap("j", step), {Straggler("j", 7, 1), Straggler("j", 1, step)}, {}, kT0);
+    ++step;
+    store.Observe(Snap("j", step), {Straggler("j", 7, 1)}, {}, kT0);
+  }
+  v1::JobReport r = MustGet(store, "j");
+  ASSERT_EQ(r.findings_size(), 3);
+  EXPECT_EQ(r.finding_count(), 6);
+  EXPECT_EQ(r.findings_dropped(), 3);
+  EXPECT_EQ(r.findings(0).rank(), 7);  // active: never dropped
+  EXPECT_EQ(r.findings(0).until_step(), -1);
+  EXPECT_EQ(r.findings(2).since_step(), 9);  // the newest of rank 1
+  // Full of active findings: a new one is dropped, and counted once however long it lasts.
+  for (int i = 0; i < 3; ++i) {
+    store.Observe(
+        Snap("j", ++step),
+        {Straggler("j", 7, 1), Straggler("j", 2, 20), Straggler("j", 3, 20), Straggler("j", 4, 20)},
+        {}, kT0);
+  }
+  r = MustGet(store, "j");
+  EXPECT_EQ(r.findings_size(), 3);
+  EXPECT_EQ(r.finding_count(), 9);
+  EXPECT_EQ(r.findings_dropped(), 6);  // two cleared rank-1 entries and rank 4
+}
+
+TEST(ReportStoreTest, FinishedReportsAreBoundedInNumberAndAge) {
+  ReportStoreOptions o;
+  o.dir = TempDir("bounds");
+  o.max_reports = 2;
+  o.retention_nanos = 100 * kSecond;
+  ReportStore store(o);
+  ASSERT_TRUE(store.Load(kT0).ok());
+  store.Finish(Snap("a", 1), {}, {}, "exited", kT0 + 1 * kSecond);
+  store.Finish(Snap("b", 1), {}, {}, "exited", kT0 + 3 * kSecond);
+  EXPECT_EQ(store.Flush(), 0);
+  EXPECT_TRUE(std::filesystem::exists(o.dir + "/a.json"));
+  store.Finish(Snap("c", 1), {}, {}, "expired", kT0 + 2 * kSecond);
+  EXPECT_EQ(store.Flush(), 0);
+  // "a" ended first: dropped, file and all.
+  EXPECT_FALSE(store.Get("a").ok());
+  EXPECT_FALSE(std::filesystem::exists(o.dir + "/a.json"));
+  EXPECT_TRUE(std::filesystem::exists(o.dir + "/c.json"));
+  std::vector<v1::JobReport> list = store.List();
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0].job(), "b");  // newest first
+  EXPECT_EQ(list[1].job(), "c");
+  // Past the retention (counted from the end): gone.
+  store.Prune(kT0 + 102 * kSecond + 1);
+  EXPECT_FALSE(store.Get("c").ok());
+  EXPECT_TRUE(store.Get("b").ok());
+  EXPECT_EQ(store.Flush(), 0);
+  EXPECT_FALSE(std::filesystem::exists(o.dir + "/c.json"));
+  std::filesystem::remove_all(o.dir);
+}
+
+TEST(ReportStoreTest, SavedReportsLoadBackAndCorruptFilesAreSkipped) {
+  ReportStoreOptions o;
+  o.dir = TempDir("roundtrip");
+  v1::JobReport saved;
+  {
+    ReportStore store(o);
+    ASSERT_TRUE(store.Load(kT0).ok());
+    store.Observe(Snap("slurm/1.0", 10, true), {Straggler("slurm/1.0", 3, 5)}, {0, kT0}, kT0);
+    store.Finish(Snap("slurm/1.0", 50, true), {}, {0, kT0}, "exited", kT0 + 50 * kSecond);
+    store.Finish(Snap("old", 5), {}, {0, kT0}, "exited", kT0 - 9 * 86400 * kSecond);
+    saved = MustGet(store, "slurm/1.0");
+    // The running job's report is not written: only finished ones are.
+    store.Observe(Snap("running", 1), {}, {}, kT0);
+  }  // destruction flushes
+  ASSERT_TRUE(WriteFileAtomically(o.dir + "/garbage.json", "{not json").ok());
+  ASSERT_TRUE(WriteFileAtomically(o.dir + "/renamed.json",
+                                  R"({"job": "someone-else", "state": "finished"})")
+                  .ok());
+  ASSERT_TRUE(WriteFileAtomically(o.dir + "/notes.txt", "ignored").ok());
+
+  ReportStore loaded(o);
+  ASSERT_TRUE(loaded.Load(kT0 + 60 * kSecond).ok());
+  v1::JobReport back = MustGet(loaded, "slurm/1.0");
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(saved, back))
+      << saved.DebugString() << "\nvs\n"
+      << back.DebugString();
+  EXPECT_EQ(back.findings(0).until_step(), 50);
+  EXPECT_FALSE(loaded.Get("running").ok());
+  EXPECT_FALSE(loaded.Get("someone-else").ok());
+  // Older than the default 7-day retention: not loaded, and its file removed.
+  EXPECT_FALSE(loaded.Get("old").ok());
+  EXPECT_EQ(loaded.List().size(), 1u);
+  EXPECT_EQ(loaded.Flush(), 0);
+  EXPECT_FALSE(std::filesystem::exists(o.dir + "/" + ReportStore::FileName("old")));
+  EXPECT_TRUE(std::filesystem::exists(o.dir + "/garbage.json"));  // left for a person to look at
+  std::filesystem::remove_all(o.dir);
+}
+
+TEST(ReportStoreTest, FileNamesAreSafeAndDistinctForAnyJobName) {
+  const std::vector<std::string> names = {"llm-pretrain_4711",
+                                          "",
+                                          ".",
+                                          "..",
+                                          "../../etc/passwd",
+                                          "a/b",
+                                          "a%2Fb",
+                                          "a b",
+                                          std::string("nul\0byte", 8),
+                                          "ünïcode",
+                                          std::string(1000, 'x'),
+                                          std::string(1000, 'x') + "y"};
+  std::vector<std::string> files;
+  for (const std::string& n : names) {
+    const std::string f = ReportStore::FileName(n);
+    EXPECT_LE(f.size(), 210u) << n;
+    EXPECT_NE(f[0], '.') << n;
+    EXPECT_EQ(f.find('/'), std::string::npos) << n;
+    EXPECT_EQ(f.find('\0'), std::string::npos) << n;
+    EXPECT_EQ(f.substr(f.size() - 5), ".json") << n;
+    files.push_back(f);
+  }
+  EXPECT_EQ(ReportStore::FileName("llm-pretrain_4711"), "llm-pretrain_4711.json");
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(std::unique(files.begin(), files.end()), files.end());
+}
+
+TEST(ReportStoreTest, WithoutADirectoryReportsLiveInMemory) {
+  ReportStore store({});
+  ASSERT_TRUE(store.Load(kT0).ok());
+  store.Finish(Snap("j", 1), {}, {}, "exited", kT0);
+  EXPECT_EQ(store.Flush(), 0);
+  EXPECT_EQ(MustGet(store, "j").state(), "finished");
+}
+
+// Through the collector's state: a straggler's job ends when its ranks exit, and its report
+// outlives it.
+TEST(ReportStoreTest, CollectorKeepsTheReportOfAFinishedJob) {
+  FakeClock clock;
+  CollectorState state({}, &clock);
+  uint64_t seq = 0;
+  for (int step = 0; step < 60; ++step) {
+    v1::ReportBatch batch = testing::StepBatch("n0", ++seq, "job", 8, step, 0.1, 5, 0.16);
+    for (v1::StepEvent& e : *batch.mutable_steps()) e.set_pid(100 + e.rank());
+    ASSERT_TRUE(state.Apply(batch).ok());
+    clock.Advance(kSecond / 5);
+    state.Tick();
+  }
+  absl::StatusOr<v1::JobReport> running = state.reports().Get("job");
+  ASSERT_TRUE(running.ok());
+  EXPECT_EQ(running->state(), "running");
+  StateSnapshot before = state.Snapshot();
+  ASSERT_EQ(before.jobs.size(), 1u);
+  v1::ReportBatch exits = testing::EmptyBatch("n0", ++seq);
+  for (int rank = 0; rank < 8; ++rank) {
+    v1::RankExit* x = exits.add_rank_exits();
+    x->set_job("job");
+    x->set_rank(rank);
+    x->set_pid(100 + rank);
+  }
+  ASSERT_TRUE(state.Apply(exits).ok());
+  EXPECT_EQ(state.Status().jobs_size(), 0);
+  state.Tick();
+  absl::StatusOr<v1::JobReport> r = state.reports().Get("job");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->state(), "finished");
+  EXPECT_EQ(r->end_reason(), "exited");
+  EXPECT_EQ(r->world_size(), 8);
+  EXPECT_EQ(r->first_step(), 0);
+  EXPECT_EQ(r->last_step(), 59);
+  // Known exactly when the engine knew how the job's steps split.
+  EXPECT_EQ(r->has_efficiency_ratio(), before.jobs[0].split_known);
+  EXPECT_EQ(r->time_ratio().empty(), !before.jobs[0].split_known);
+  auto straggler = std::find_if(r->findings().begin(), r->findings().end(), [](const auto& f) {
+    return f.kind() == "straggler" && f.rank() == 5;
+  });
+  ASSERT_NE(straggler, r->findings().end()) << r->DebugString();
+  EXPECT_LT(straggler->since_step(), 59);
+  EXPECT_EQ(straggler->until_step(), 59);
+}
+
+TEST(ReportStoreTest, CollectorReportsAnExpiredJobAsFinished) {
+  FakeClock clock;
+  CollectorStateOptions o;
+  o.expire_nanos = 30 * kSecond;
+  o.reports.dir = TempDir("expiry");
+  {
+    CollectorState state(o, &clock);
+    for (int step = 10; step < 20; ++step) {
+      ASSERT_TRUE(state.Apply(testing::StepBatch("n0", step, "quiet", 2, step, 0.1)).ok());
+      clock.Advance(kSecond / 5);
+      state.Tick();
+    }
+    clock.Advance(31 * kSecond);
+    state.Tick();  // expires the job, then writes its report
+    EXPECT_EQ(state.Status().jobs_size(), 0);
+    EXPECT_TRUE(std::filesystem::exists(o.reports.dir + "/quiet.json"));
+  }
+  // A new collector on the same directory still has it.
+  CollectorState again(o, &clock);
+  absl::StatusOr<v1::JobReport> r = again.reports().Get("quiet");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->state(), "finished");
+  EXPECT_EQ(r->end_reason(), "expired");
+  EXPECT_EQ(r->world_size(), 2);
+  EXPECT_EQ(r->first_step(), 10);
+  EXPECT_EQ(r->last_step(), 19);
+  std::filesystem::remove_all(o.reports.dir);
+}
+
+}  // namespace
+}  // namespace stepwatch::collector

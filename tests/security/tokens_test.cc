@@ -1,0 +1,110 @@
+#include "security/tokens.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/file.h"
+#include "gtest/gtest.h"
+
+namespace stepwatch::security {
+namespace {
+
+constexpr char kAgentToken[] = "agent-token-0123456789";
+constexpr char kReaderToken[] = "reader-token-0123456789";
+
+class TempFile {
+ public:
+  TempFile() {
+    char tmpl[] = "/tmp/stepwatch-tokens-XXXXXX";
+    int fd = mkstemp(tmpl);
+    if (fd >= 0) close(fd);
+    path_ = tmpl;
+  }
+  ~TempFile() { unlink(path_.c_str()); }
+  const std::string& path() const { return path_; }
+  void Write(const std::string& text) const { ASSERT_TRUE(WriteFileAtomically(path_, text).ok()); }
+
+ private:
+  std::string path_;
+};
+
+TEST(ParseTokenFileTest, ReadsRolesCommentsAndBlankLines) {
+  auto tokens = ParseTokenFile(absl::StrCat("# rotated 2026-11\n\nagent ", kAgentToken,
+                                            "\n  reader\t", kReaderToken, "  \n"));
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  ASSERT_EQ(tokens->size(), 2u);
+  EXPECT_EQ((*tokens)[0].role, Role::kAgent);
+  EXPECT_EQ((*tokens)[0].token, kAgentToken);
+  EXPECT_EQ((*tokens)[1].role, Role::kReader);
+  EXPECT_EQ((*tokens)[1].token, kReaderToken);
+}
+
+TEST(ParseTokenFileTest, RefusesBadLinesNamingThem) {
+  auto unknown_role = ParseTokenFile(absl::StrCat("agent ", kAgentToken, "\nadmin ", kAgentToken));
+  ASSERT_FALSE(unknown_role.ok());
+  EXPECT_NE(unknown_role.status().message().find("line 2"), std::string::npos);
+  EXPECT_FALSE(ParseTokenFile("agent short").ok());
+  EXPECT_FALSE(ParseTokenFile(absl::StrCat(kAgentToken)).ok());  // no role
+  EXPECT_FALSE(ParseTokenFile("# nothing but comments\n").ok());
+  EXPECT_FALSE(
+      ParseTokenFile("agent \x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\x10")
+          .ok());
+}
+
+TEST(TokenStoreTest, ChecksTokenAndRole) {
+  TempFile file;
+  file.Write(absl::StrCat("agent ", kAgentToken, "\nreader ", kReaderToken, "\n"));
+  auto store = TokenStore::Open(file.path());
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_TRUE((*store)->Check(absl::StrCat("Bearer ", kAgentToken), Role::kAgent).ok());
+  EXPECT_TRUE((*store)->Check(absl::StrCat("Bearer ", kReaderToken), Role::kReader).ok());
+  // An agent token cannot query, a reader token cannot report.
+  EXPECT_TRUE(absl::IsPermissionDenied(
+      (*store)->Check(absl::StrCat("Bearer ", kAgentToken), Role::kReader)));
+  EXPECT_TRUE(absl::IsPermissionDenied(
+      (*store)->Check(absl::StrCat("Bearer ", kReaderToken), Role::kAgent)));
+  EXPECT_TRUE(absl::IsUnauthenticated((*store)->Check("", Role::kAgent)));
+  EXPECT_TRUE(absl::IsUnauthenticated((*store)->Check(kAgentToken, Role::kAgent)));  // no Bearer
+  EXPECT_TRUE(absl::IsUnauthenticated(
+      (*store)->Check(absl::StrCat("Bearer ", kAgentToken, "x"), Role::kAgent)));
+}
+
+TEST(TokenStoreTest, ReloadsWhenTheFileChangesAndKeepsTokensWhenItBreaks) {
+  TempFile file;
+  file.Write(absl::StrCat("agent ", kAgentToken, "\n"));
+  auto store = TokenStore::Open(file.path());
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::string rotated = "agent-token-rotated-abcdef";
+  file.Write(absl::StrCat("agent ", rotated, "\n"));  // atomic rename: a new inode
+  EXPECT_TRUE((*store)->Check(absl::StrCat("Bearer ", rotated), Role::kAgent).ok());
+  EXPECT_TRUE(
+      absl::IsUnauthenticated((*store)->Check(absl::StrCat("Bearer ", kAgentToken), Role::kAgent)));
+  // A broken rewrite neither locks everyone out nor lets anyone in.
+  file.Write("agent tooshort\n");
+  EXPECT_TRUE((*store)->Check(absl::StrCat("Bearer ", rotated), Role::kAgent).ok());
+}
+
+TEST(TokenStoreTest, OpenFailsOnMissingOrMalformedFile) {
+  EXPECT_FALSE(TokenStore::Open("/nonexistent/stepwatch-tokens").ok());
+  TempFile file;
+  file.Write("reader abc\n");
+  EXPECT_FALSE(TokenStore::Open(file.path()).ok());
+}
+
+TEST(TokenSourceTest, SendsTheFirstLineAndFollowsRotation) {
+  TempFile file;
+  file.Write(absl::StrCat("# for node-1\n", kAgentToken, "\n"));
+  auto source = TokenSource::Open(file.path());
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_EQ((*source)->AuthorizationHeader(), absl::StrCat("Bearer ", kAgentToken));
+  file.Write("agent-token-rotated-abcdef\n");
+  EXPECT_EQ((*source)->AuthorizationHeader(), "Bearer agent-token-rotated-abcdef");
+  file.Write("short\n");  // unusable: the last good token stays
+  EXPECT_EQ((*source)->AuthorizationHeader(), "Bearer agent-token-rotated-abcdef");
+}
+
+}  // namespace
+}  // namespace stepwatch::security
