@@ -223,6 +223,22 @@ std::vector<MetricFamily> AgentCollectable::Collect() const {
     gauge("pending_events", "Step events waiting for the next batch.",
           static_cast<double>(s.pending_events));
     gauge("connected", "1 while a stream to the collector is open.", s.connected ? 1 : 0);
+    if (s.spool) {
+      gauge("spool_batches", "Report batches in the spool directory.",
+            static_cast<double>(s.spool->batches));
+      gauge("spool_bytes", "Bytes of report batches in the spool directory.",
+            static_cast<double>(s.spool->bytes));
+      counter("spool_batches_replayed_total",
+              "Batches found in the spool at start (left by an earlier process) and sent again.",
+              s.spool->replayed_batches_total);
+      counter("spool_batches_dropped_total",
+              "Spooled batches deleted unacknowledged because the spool was full.",
+              s.spool->dropped_batches_total);
+      counter("spool_corrupt_records_total", "Unreadable spool records skipped and deleted.",
+              s.spool->corrupt_records_total);
+      counter("spool_write_errors_total", "Failed writes to the spool directory.",
+              s.spool->write_errors_total);
+    }
   }
   if (sources_.samples) {
     const NodeSnapshot snap = sources_.samples();

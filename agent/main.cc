@@ -16,6 +16,7 @@
 #include "agent/agent_metrics.h"
 #include "agent/ingest_server.h"
 #include "agent/shipper.h"
+#include "agent/spool.h"
 #include "common/flags.h"
 #include "common/log.h"
 #include "common/net.h"
@@ -55,6 +56,14 @@ ABSL_FLAG(int64_t, buffer, 600,
           "full the oldest are dropped and counted.");
 ABSL_FLAG(int64_t, buffer_bytes, 64 << 20,
           "Most bytes of unacknowledged report batches held (a second bound next to --buffer).");
+ABSL_FLAG(std::string, spool_dir, "",
+          "Directory where every report batch is written before it is sent and kept until the "
+          "collector acknowledges it; a restarted agent sends what it finds there first, under "
+          "the original ids. One directory per agent. Empty: unacknowledged batches are held in "
+          "memory only and lost if the agent dies.");
+ABSL_FLAG(int64_t, spool_max_mib, 64,
+          "Most MiB of batches in --spool-dir (replaces --buffer-bytes when a spool is used); "
+          "when full the oldest are deleted and counted.");
 ABSL_FLAG(int64_t, max_pending_events, 200000,
           "Most step events waiting for the next batch; more are dropped and counted.");
 ABSL_FLAG(std::string, nvml_library, "libnvidia-ml.so.1",
@@ -121,7 +130,7 @@ int main(int argc, char** argv) {
   spec.main_file = "agent/main.cc";
   spec.usage =
       "stepwatch-agent --collector=HOST:PORT --socket=PATH [--node=NAME] [--interval=SECONDS]\n"
-      "    [--buffer=N] [--nvml-library=PATH] [--metrics-listen=HOST:PORT]\n\n"
+      "    [--buffer=N] [--spool-dir=DIR] [--nvml-library=PATH] [--metrics-listen=HOST:PORT]\n\n"
       "Receives step events (one JSON object per datagram) from training processes on a Unix\n"
       "socket, samples the node's GPUs (NVML) and host, and streams both to the stepwatch\n"
       "collector. Flag names may be written with dashes or underscores.";
@@ -159,6 +168,11 @@ int main(int argc, char** argv) {
   if (buffer < 1 || buffer > 1000000) UsageError("--buffer must be between 1 and 1000000");
   const int64_t buffer_bytes = absl::GetFlag(FLAGS_buffer_bytes);
   if (buffer_bytes < 1) UsageError("--buffer-bytes must be positive");
+  const std::string spool_dir = absl::GetFlag(FLAGS_spool_dir);
+  const int64_t spool_max_mib = absl::GetFlag(FLAGS_spool_max_mib);
+  if (spool_max_mib < 1 || spool_max_mib > (1 << 20)) {
+    UsageError("--spool-max-mib must be between 1 and 1048576");
+  }
   const int64_t max_pending = absl::GetFlag(FLAGS_max_pending_events);
   if (max_pending < 1) UsageError("--max-pending-events must be positive");
   const int64_t rcvbuf = absl::GetFlag(FLAGS_receive_buffer_bytes);
@@ -233,6 +247,24 @@ int main(int argc, char** argv) {
   shipper_options.max_pending_events = static_cast<size_t>(max_pending);
   shipper_options.backoff.max = max_backoff;
   shipper_options.backoff.initial = std::min(absl::Milliseconds(100), max_backoff);
+  std::unique_ptr<agent::Spool> spool;
+  if (!spool_dir.empty()) {
+    agent::SpoolOptions spool_options;
+    spool_options.dir = spool_dir;
+    absl::StatusOr<std::unique_ptr<agent::Spool>> opened =
+        agent::Spool::Open(spool_options, shipper_options.agent_id);
+    if (!opened.ok()) {
+      stepwatch::StartupError(spec.program,
+                              absl::StrCat("--spool-dir: ", opened.status().message()));
+    }
+    spool = *std::move(opened);
+    const agent::SpoolStats ss = spool->stats();
+    SW_LOG_INFO << "spool " << spool_dir << ": " << ss.replayed_batches_total
+                << " batches to replay (" << ss.bytes << " bytes), " << ss.corrupt_records_total
+                << " unreadable skipped";
+    shipper_options.spool = spool.get();
+    shipper_options.max_buffered_bytes = static_cast<size_t>(spool_max_mib) << 20;
+  }
   agent::Shipper shipper(shipper_options, gpus.get(), host.get());
   if (absl::Status st = shipper.Start(); !st.ok()) {
     SW_LOG_ERROR << "cannot start shipping: " << st;

@@ -38,7 +38,9 @@ std::string MakeBootId() {
 
 Shipper::Shipper(const ShipperOptions& options, gpu::GpuSource* gpus, host::HostSampler* host)
     : options_(options),
-      boot_id_(options.boot_id.empty() ? MakeBootId() : options.boot_id),
+      boot_id_(options.spool != nullptr  ? options.spool->boot_id()
+               : options.boot_id.empty() ? MakeBootId()
+                                         : options.boot_id),
       gpus_(gpus),
       host_(host),
       clock_(options.clock ? options.clock : &system_clock_),
@@ -61,6 +63,19 @@ absl::Status Shipper::Start() {
     std::lock_guard<std::mutex> lock(mu_);
     if (started_) return absl::FailedPreconditionError("already started");
     started_ = true;
+    if (options_.spool != nullptr) {
+      // What an earlier process left goes out first; new batches continue above its seqs.
+      last_seq_ = options_.spool->last_seq();
+      for (std::shared_ptr<v1::ReportBatch>& batch : options_.spool->TakeRecovered()) {
+        Entry e;
+        e.seq = batch->seq();
+        e.bytes = batch->ByteSizeLong();
+        e.batch = std::move(batch);
+        e.sent_before = true;
+        buffered_bytes_ += e.bytes;
+        buffer_.push_back(std::move(e));
+      }
+    }
   }
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, Millis(options_.keepalive_time));
@@ -117,7 +132,9 @@ void Shipper::Stop(absl::Duration flush_timeout) {
     cv_.wait_until(lock, deadline, [this] { return buffer_.empty() || !stats_.connected; });
     if (!buffer_.empty()) {
       SW_LOG_WARNING << "shutting down with " << buffer_.size()
-                     << " batches not acknowledged by the collector";
+                     << " batches not acknowledged by the collector"
+                     << (options_.spool != nullptr ? " (kept in the spool for the next start)"
+                                                   : "");
     }
     stop_ = true;
     if (context_ != nullptr) context_->TryCancel();
@@ -134,6 +151,7 @@ ShipperStats Shipper::stats() const {
   s.pending_events = pending_.size();
   s.last_seq = last_seq_;
   s.acked_seq = acked_seq_;
+  if (options_.spool != nullptr) s.spool = options_.spool->stats();
   return s;
 }
 
@@ -225,8 +243,15 @@ void Shipper::CutBatches(bool with_samples) {
 
   {
     std::lock_guard<std::mutex> lock(mu_);
+    for (auto& batch : batches) batch->set_seq(++last_seq_);
+  }
+  // Seqs are handed out in cut order (cut_mu_ is held), so the buffer stays sorted by seq.
+  if (options_.spool != nullptr) SpoolBatches(batches);
+
+  std::vector<uint64_t> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
     for (auto& batch : batches) {
-      batch->set_seq(++last_seq_);
       Entry e;
       e.seq = batch->seq();
       e.bytes = batch->ByteSizeLong();
@@ -240,11 +265,25 @@ void Shipper::CutBatches(bool with_samples) {
     while (buffer_.size() > options_.max_buffered_batches ||
            (buffer_.size() > 1 && buffered_bytes_ > options_.max_buffered_bytes)) {
       buffered_bytes_ -= buffer_.front().bytes;
+      dropped.push_back(buffer_.front().seq);
       buffer_.pop_front();
       ++stats_.batches_dropped_total;
     }
   }
   cv_.notify_all();
+  if (options_.spool != nullptr) {
+    for (uint64_t seq : dropped) options_.spool->Remove(seq, /*dropped=*/true);
+  }
+}
+
+void Shipper::SpoolBatches(const std::vector<std::shared_ptr<v1::ReportBatch>>& batches) {
+  absl::Status st = options_.spool->Reserve(batches.back()->seq());
+  for (size_t i = 0; st.ok() && i < batches.size(); ++i) st = options_.spool->Write(*batches[i]);
+  if (!st.ok()) {
+    // Still sent from memory: only a crash before the acknowledgement could lose these.
+    uint64_t suppressed = 0;
+    if (spool_log_.Allow(&suppressed)) SW_LOG_WARNING << "spool: " << st.message();
+  }
 }
 
 void Shipper::SleepUnlessStopped(absl::Duration d) {
@@ -400,6 +439,7 @@ bool Shipper::RunStream() {
 }
 
 void Shipper::OnAck(const v1::IngestAck& ack) {
+  std::vector<uint64_t> acked;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!ack.boot_id().empty() && ack.boot_id() != boot_id_) return;
@@ -408,8 +448,16 @@ void Shipper::OnAck(const v1::IngestAck& ack) {
     acked_seq_ = ack.acked_seq();
     while (!buffer_.empty() && buffer_.front().seq <= acked_seq_) {
       buffered_bytes_ -= buffer_.front().bytes;
+      acked.push_back(buffer_.front().seq);
       buffer_.pop_front();
       ++stats_.batches_acknowledged_total;
+    }
+    // Seqs below the oldest batch held were given up (dropped, or skipped by a restart over the
+    // spool's lease), but the batches already written told the collector an older base_seq: it
+    // waits for them forever. Writing the oldest batch again carries the new base_seq.
+    if (!buffer_.empty() && buffer_.front().seq > acked_seq_ + 1 &&
+        written_seq_ >= buffer_.front().seq) {
+      written_seq_ = buffer_.front().seq - 1;
     }
     if (acked_seq_ >= written_seq_) {
       awaiting_ack_since_.reset();
@@ -418,6 +466,9 @@ void Shipper::OnAck(const v1::IngestAck& ack) {
     }
   }
   cv_.notify_all();
+  if (options_.spool != nullptr) {
+    for (uint64_t seq : acked) options_.spool->Remove(seq, /*dropped=*/false);
+  }
 }
 
 }  // namespace stepwatch::agent

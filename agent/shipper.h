@@ -2,9 +2,11 @@
 // since the last one, GPU samples, a host sample) on ONE long-lived Ingest.Report stream.
 // Unacknowledged batches stay in a bounded buffer and are resent in order after a reconnect, so a
 // collector restart loses nothing within the buffer; when the buffer is full the oldest batches
-// are dropped and counted.
+// are dropped and counted. With a Spool every batch is also written to disk before it is first
+// sent, and the batches a previous process left there are sent first, under their original ids.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -20,7 +22,9 @@
 #include "absl/time/time.h"
 #include "agent/backoff.h"
 #include "agent/rank_exit_tracker.h"
+#include "agent/spool.h"
 #include "common/clock.h"
+#include "common/log.h"
 #include "gpu/gpu_source.h"
 #include "host/host_sampler.h"
 #include "security/tokens.h"
@@ -71,6 +75,10 @@ struct ShipperOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Bearer token sent on every stream; nullptr sends none.
   std::shared_ptr<security::TokenSource> token;
+  // Durable copy of the buffer; nullptr keeps batches in memory only. When set, its boot_id and
+  // seqs are used (options.boot_id is ignored) and its batches are sent first. Must outlive the
+  // Shipper.
+  Spool* spool = nullptr;
 };
 
 struct ShipperStats {
@@ -96,6 +104,8 @@ struct ShipperStats {
   uint64_t rank_exits_total = 0;
   uint64_t last_seq = 0;
   uint64_t acked_seq = 0;
+  // Filled in when a spool is used.
+  std::optional<SpoolStats> spool;
 };
 
 // The latest readings, for the agent's own /metrics.
@@ -153,6 +163,8 @@ class Shipper {
   bool RunStream();
   bool WaitForChannel();
   void CutBatches(bool with_samples);
+  // Writes freshly cut batches to the spool before anyone may send them.
+  void SpoolBatches(const std::vector<std::shared_ptr<v1::ReportBatch>>& batches);
   void OnAck(const v1::IngestAck& ack);
   // Sleeps up to `d` unless Stop() is called.
   void SleepUnlessStopped(absl::Duration d);
@@ -188,6 +200,8 @@ class Shipper {
   bool acked_on_stream_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   ShipperStats stats_ ABSL_GUARDED_BY(mu_);
+
+  LogRateLimiter spool_log_{3, std::chrono::seconds(60)};
 
   mutable std::mutex sample_mu_;
   NodeSnapshot latest_ ABSL_GUARDED_BY(sample_mu_);

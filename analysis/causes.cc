@@ -105,8 +105,8 @@ std::string JobAction(Cause cause) {
       return "overlap communication with compute (bucketed, asynchronous collectives) or check "
              "the network";
     case Cause::kImbalance:
-      return "find the ranks the others wait for (stepwatchctl ranks) and rebalance or drain "
-             "their nodes";
+      return "find the ranks the others wait for (stepwatchctl explain, flagged ranks) and fix or "
+             "drain their nodes, or rebalance their work";
     case Cause::kDataLoading:
       return "more data-loader workers or faster storage";
     default:

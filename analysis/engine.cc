@@ -329,6 +329,13 @@ class Engine::Impl {
     if (s.samples.has_value() && *s.samples < 0) {
       return absl::InvalidArgumentError("negative samples");
     }
+    // As the agent's datagram contract says; a batch from elsewhere must not reach the peer-group
+    // key (a negative pp_stage shifted left is undefined behaviour).
+    for (const auto* i : {&s.local_rank, &s.gpu, &s.dp_rank, &s.pp_stage, &s.tp_rank}) {
+      if (i->has_value() && **i < 0) {
+        return absl::InvalidArgumentError("negative index (local_rank, gpu, dp/pp/tp rank)");
+      }
+    }
     if (s.world_size > opt_.max_ranks_per_job) {
       return absl::ResourceExhaustedError(
           absl::StrCat("world_size ", s.world_size, " over the limit ", opt_.max_ranks_per_job));

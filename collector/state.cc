@@ -106,8 +106,12 @@ bool CollectorState::AdmitStep(const v1::StepEvent& event, int64_t now) {
 
 int64_t CollectorState::TrustedTime(int64_t sender, int64_t now, const std::string& node) {
   if (sender == 0) return now;
-  const int64_t skew = sender > now ? sender - now : now - sender;
-  if (skew <= options_.max_clock_skew_nanos) return sender;
+  // In unsigned arithmetic: a hostile stamp such as INT64_MIN would overflow a signed difference.
+  const uint64_t skew = sender > now ? static_cast<uint64_t>(sender) - static_cast<uint64_t>(now)
+                                     : static_cast<uint64_t>(now) - static_cast<uint64_t>(sender);
+  if (skew <= static_cast<uint64_t>(std::max<int64_t>(0, options_.max_clock_skew_nanos))) {
+    return sender;
+  }
   ++counters_.clock_skew_corrected;
   uint64_t suppressed = 0;
   if (skew_log_limiter_.Allow(&suppressed)) {

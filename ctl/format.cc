@@ -108,12 +108,12 @@ std::string FormatStatus(const v1::StatusResponse& status, int64_t now_unix_nano
 std::string FormatFindings(const v1::FindingsResponse& findings) {
   if (findings.findings().empty()) return "No active findings.\n";
   std::vector<std::vector<std::string>> rows = {
-      {"SEVERITY", "KIND", "JOB", "RANK", "NODE", "GPU", "SINCE STEP", "SUMMARY"}};
+      {"SEVERITY", "KIND", "JOB", "RANK", "NODE", "GPU", "SINCE STEP", "CAUSE", "SUMMARY"}};
   for (const v1::Finding& f : findings.findings()) {
     rows.push_back({f.severity(), f.kind(), f.job().empty() ? "-" : f.job(), RankOrDash(f.rank()),
                     f.node().empty() ? "-" : f.node(), RankOrDash(f.gpu()),
                     absl::StrCat(f.since_step(), f.persistent() ? "" : " (transient)"),
-                    f.summary()});
+                    f.cause().empty() ? "-" : f.cause(), f.summary()});
   }
   return FormatTable(rows);
 }
@@ -128,7 +128,7 @@ std::string FormatWhatIf(const v1::ExplainResponse& e, bool breakdown_known) {
     double speedup;
   };
   std::vector<Fix> fixes;
-  for (const Fix& f : {Fix{"stragglers", "stragglers fixed (rebalance the load)", 0},
+  for (const Fix& f : {Fix{"stragglers", "stragglers fixed (no rank slower than the median)", 0},
                        Fix{"overlap", "communication fully overlapped with compute", 0},
                        Fix{"data", "no data-loading stall", 0}}) {
     auto it = e.whatif_speedup_ratio().find(f.key);

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -29,6 +30,20 @@ absl::StatusOr<FileVersion> Stat(const std::string& path) {
   v.mtime_nanos = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
   v.size = st.st_size;
   return v;
+}
+
+// The file's text when its version differs from `*seen` (nullopt when unchanged). `*changed_to`
+// receives the new version; the caller records it once the text is accepted.
+absl::StatusOr<std::optional<std::string>> ReadIfChanged(const std::string& path,
+                                                         const FileVersion& seen,
+                                                         FileVersion* changed_to) {
+  absl::StatusOr<FileVersion> version = Stat(path);
+  if (!version.ok()) return version.status();
+  if (*version == seen) return std::optional<std::string>();
+  absl::StatusOr<std::string> text = ReadFile(path, kMaxTokenFileBytes);
+  if (!text.ok()) return text.status();
+  *changed_to = *version;
+  return std::optional<std::string>(*std::move(text));
 }
 
 // Compares in time independent of where the first difference is, so that response times do not
@@ -93,17 +108,16 @@ absl::StatusOr<std::unique_ptr<TokenStore>> TokenStore::Open(std::string path) {
 }
 
 absl::Status TokenStore::Reload() {
-  absl::StatusOr<FileVersion> version = Stat(path_);
-  if (!version.ok()) return version.status();
-  if (*version == version_) return absl::OkStatus();
-  absl::StatusOr<std::string> text = ReadFile(path_, kMaxTokenFileBytes);
+  FileVersion version;
+  absl::StatusOr<std::optional<std::string>> text = ReadIfChanged(path_, version_, &version);
   if (!text.ok()) return text.status();
-  absl::StatusOr<std::vector<RoleToken>> tokens = ParseTokenFile(*text);
+  if (!text->has_value()) return absl::OkStatus();
+  absl::StatusOr<std::vector<RoleToken>> tokens = ParseTokenFile(**text);
   if (!tokens.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(path_, ": ", tokens.status().message()));
   }
   const bool first = version_.size < 0;
-  version_ = *version;
+  version_ = version;
   tokens_ = *std::move(tokens);
   if (!first) SW_LOG_INFO << "reloaded " << tokens_.size() << " tokens from " << path_;
   return absl::OkStatus();
@@ -142,13 +156,12 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(std::string path)
 }
 
 absl::Status TokenSource::Reload() {
-  absl::StatusOr<FileVersion> version = Stat(path_);
-  if (!version.ok()) return version.status();
-  if (*version == version_) return absl::OkStatus();
-  absl::StatusOr<std::string> text = ReadFile(path_, kMaxTokenFileBytes);
+  FileVersion version;
+  absl::StatusOr<std::optional<std::string>> text = ReadIfChanged(path_, version_, &version);
   if (!text.ok()) return text.status();
+  if (!text->has_value()) return absl::OkStatus();
   absl::string_view token;
-  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+  for (absl::string_view line : absl::StrSplit(**text, '\n')) {
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line[0] == '#') continue;
     token = line;
@@ -159,7 +172,7 @@ absl::Status TokenSource::Reload() {
         absl::StrCat(path_, ": the first line must be a token of at least ", kMinTokenLength,
                      " printable characters without spaces"));
   }
-  version_ = *version;
+  version_ = version;
   header_ = absl::StrCat("Bearer ", token);
   return absl::OkStatus();
 }

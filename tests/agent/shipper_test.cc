@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <set>
 
 #include "agent/backoff.h"
+#include "agent/spool.h"
 #include "gtest/gtest.h"
 #include "tests/agent/test_util.h"
 
@@ -496,6 +498,104 @@ TEST(ShipperTest, RejectsBadOptions) {
   o = Options(1);
   o.interval = absl::ZeroDuration();
   EXPECT_FALSE(Shipper(o, nullptr, nullptr).Start().ok());
+}
+
+// A spooled shipper that dies before the collector acknowledges anything: the next one, on the
+// same directory, sends those batches first under the same boot_id and seqs, then its own above.
+TEST(ShipperTest, SpooledBatchesOutliveTheShipperAndKeepTheirIds) {
+  const std::string dir = testing::MakeTempDir();
+  ASSERT_FALSE(dir.empty());
+  SpoolOptions spool_options;
+  spool_options.dir = dir + "/spool";
+  spool_options.sync = false;
+  const int port = UnusedPort();
+  std::string boot_id;
+  {
+    absl::StatusOr<std::unique_ptr<Spool>> spool =
+        Spool::Open(spool_options, Options(port).agent_id);
+    ASSERT_TRUE(spool.ok()) << spool.status();
+    ShipperOptions o = Options(port);
+    o.spool = spool->get();
+    Shipper shipper(o, nullptr, nullptr);
+    ASSERT_TRUE(shipper.Start().ok());
+    boot_id = shipper.boot_id();
+    for (int64_t step = 0; step < 6; step += 2) {
+      shipper.AddStep(Step(step));
+      shipper.AddStep(Step(step + 1));
+      shipper.FlushNow();
+    }
+    EXPECT_EQ((*spool)->stats().batches, 3u);
+    shipper.Stop(absl::ZeroDuration());
+  }
+  FakeCollector collector;
+  ASSERT_EQ(collector.Start(port, {}), port);
+  absl::StatusOr<std::unique_ptr<Spool>> spool = Spool::Open(spool_options, Options(port).agent_id);
+  ASSERT_TRUE(spool.ok()) << spool.status();
+  ShipperOptions o = Options(port);
+  o.spool = spool->get();
+  o.boot_id = "ignored-with-a-spool";
+  Shipper shipper(o, nullptr, nullptr);
+  EXPECT_EQ(shipper.boot_id(), boot_id);
+  ASSERT_TRUE(shipper.Start().ok());
+  shipper.AddStep(Step(6));
+  shipper.FlushNow();
+  ASSERT_TRUE(WaitFor([&] { return shipper.stats().buffered_batches == 0; }));
+  EXPECT_EQ((*spool)->stats().batches, 0u);
+  EXPECT_EQ((*spool)->stats().replayed_batches_total, 3u);
+  std::vector<uint64_t> seqs;
+  for (const auto& b : collector.batches()) {
+    EXPECT_EQ(b.boot_id(), boot_id);
+    seqs.push_back(b.seq());
+  }
+  // The new batch skips the old process's lease; it is written again once the old ones are
+  // acknowledged, so that the collector learns the seqs in between will never come.
+  ASSERT_GE(seqs.size(), 4u);
+  EXPECT_EQ(std::vector<uint64_t>(seqs.begin(), seqs.begin() + 3),
+            std::vector<uint64_t>({1, 2, 3}));
+  for (size_t i = 3; i < seqs.size(); ++i) EXPECT_GT(seqs[i], 3u);
+  EXPECT_EQ(AsSet(collector.unique_steps()), std::set<int64_t>({0, 1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(collector.unique_steps().size(), 7u);
+  shipper.Stop(absl::ZeroDuration());
+  std::filesystem::remove_all(dir);
+}
+
+// The spool holds what the buffer holds: beyond the byte bound the oldest batches leave both,
+// counted, and the next process replays only the newest.
+TEST(ShipperTest, FullSpoolDropsOldestFirstAndCountsThem) {
+  const std::string dir = testing::MakeTempDir();
+  ASSERT_FALSE(dir.empty());
+  SpoolOptions spool_options;
+  spool_options.dir = dir + "/spool";
+  spool_options.sync = false;
+  const int port = UnusedPort();
+  {
+    absl::StatusOr<std::unique_ptr<Spool>> spool =
+        Spool::Open(spool_options, Options(port).agent_id);
+    ASSERT_TRUE(spool.ok()) << spool.status();
+    ShipperOptions o = Options(port);
+    o.spool = spool->get();
+    o.max_buffered_bytes = 2000;
+    Shipper shipper(o, nullptr, nullptr);
+    ASSERT_TRUE(shipper.Start().ok());
+    for (int b = 0; b < 10; ++b) {
+      for (int i = 0; i < 20; ++i) shipper.AddStep(Step(b * 100 + i));
+      shipper.FlushNow();
+    }
+    const ShipperStats s = shipper.stats();
+    ASSERT_TRUE(s.spool.has_value());
+    EXPECT_GT(s.batches_dropped_total, 0u);
+    EXPECT_EQ(s.spool->dropped_batches_total, s.batches_dropped_total);
+    EXPECT_EQ(s.spool->batches, s.buffered_batches);
+    EXPECT_EQ(s.spool->batches + s.spool->dropped_batches_total, 10u);
+    shipper.Stop(absl::ZeroDuration());
+  }
+  absl::StatusOr<std::unique_ptr<Spool>> spool = Spool::Open(spool_options, Options(port).agent_id);
+  ASSERT_TRUE(spool.ok()) << spool.status();
+  std::vector<std::shared_ptr<v1::ReportBatch>> left = (*spool)->TakeRecovered();
+  ASSERT_FALSE(left.empty());
+  EXPECT_EQ(left.back()->seq(), 10u);
+  EXPECT_EQ(left.back()->steps(0).step(), 900);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

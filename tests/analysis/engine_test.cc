@@ -172,6 +172,28 @@ TEST(EngineTest, RejectsBadSamplesAndEnforcesLimits) {
   EXPECT_EQ(e.AddStep(bad).code(), absl::StatusCode::kResourceExhausted);
 }
 
+// Found by fuzz_collector_apply: a batch not from an agent carried pp_stage -268435537, which
+// reached the peer-group key as a left shift of a negative value.
+TEST(EngineTest, RejectsNegativeTopologyIndices) {
+  Engine e;
+  StepSample s;
+  s.job = "a";
+  s.world_size = 2;
+  s.rank = 0;
+  s.step_s = 1;
+  for (std::optional<int> StepSample::*field :
+       {&StepSample::local_rank, &StepSample::gpu, &StepSample::dp_rank, &StepSample::pp_stage,
+        &StepSample::tp_rank}) {
+    StepSample bad = s;
+    bad.*field = -1;
+    EXPECT_EQ(e.AddStep(bad).code(), absl::StatusCode::kInvalidArgument);
+  }
+  s.pp_stage = 0;
+  s.tp_rank = 0;
+  EXPECT_TRUE(e.AddStep(s).ok());
+  EXPECT_EQ(e.Job("a")->ranks_reporting, 1);
+}
+
 TEST(EngineTest, StepCompletesAfterGraceWhenARankIsMissing) {
   Engine e;
   for (int r = 0; r < 3; ++r) {  // rank 3 of 4 never reports

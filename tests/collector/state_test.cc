@@ -214,6 +214,23 @@ TEST(CollectorStateTest, TimestampsFarFromTheCollectorClockAreReplaced) {
   EXPECT_EQ(findings.findings(0).rank(), 2);
 }
 
+// Found by fuzz_collector_apply: the skew of INT64_MIN from the collector's clock overflowed, so
+// the stamp passed as "close enough" (and UBSan stopped the collector).
+TEST(CollectorStateTest, ExtremeTimestampsAreReplacedWithoutOverflow) {
+  FakeClock clock;
+  CollectorState state({}, &clock);
+  v1::ReportBatch b = StepBatch("n0", 1, "job", 2, 0, 0.1);
+  b.mutable_steps(0)->set_received_unix_nanos(INT64_MIN);
+  b.mutable_steps(1)->set_received_unix_nanos(INT64_MAX);
+  v1::GpuSample* gpu = b.add_gpus();
+  gpu->set_index(0);
+  gpu->set_sampled_unix_nanos(INT64_MIN);
+  ASSERT_TRUE(state.Apply(b).ok());
+  const StateSnapshot s = state.Snapshot();
+  EXPECT_EQ(s.counters.clock_skew_corrected, 3u);
+  EXPECT_EQ(s.counters.steps_received, 2u);
+}
+
 TEST(CollectorStateTest, NamesWithControlCharactersAreRefused) {
   FakeClock clock;
   CollectorState state({}, &clock);

@@ -1,0 +1,319 @@
+#include "agent/spool.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "agent/shipper.h"
+#include "common/file.h"
+#include "common/log.h"
+
+namespace stepwatch::agent {
+namespace {
+
+constexpr char kMagic[8] = {'S', 'W', 'S', 'P', 'O', 'O', 'L', '1'};
+constexpr size_t kHeaderBytes = 24;  // magic, seq (u64), length (u32), CRC-32C (u32)
+// No batch comes near this (the shipper keeps them under 4 MiB); a larger length is corruption.
+constexpr uint64_t kMaxRecordBytes = 256 << 20;
+constexpr char kBootFile[] = "boot";
+constexpr char kBootHeader[] = "stepwatch-spool 1";
+
+constexpr std::array<uint32_t, 256> MakeCrcTable() {
+  std::array<uint32_t, 256> table{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    table[i] = c;
+  }
+  return table;
+}
+constexpr std::array<uint32_t, 256> kCrcTable = MakeCrcTable();
+
+void PutLe(uint64_t v, int bytes, char* out) {
+  for (int i = 0; i < bytes; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
+uint64_t GetLe(const char* in, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i)
+    v |= static_cast<uint64_t>(static_cast<unsigned char>(in[i])) << (8 * i);
+  return v;
+}
+
+absl::Status ErrnoStatus(absl::string_view what, const std::string& path) {
+  return absl::UnavailableError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus("cannot write", path);
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus("cannot open", dir);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  return rc == 0 ? absl::OkStatus() : ErrnoStatus("cannot sync", dir);
+}
+
+// "batch-<seq>.swb" -> seq; 0 for any other name.
+uint64_t SeqOfName(absl::string_view name, absl::string_view ext) {
+  if (!absl::ConsumePrefix(&name, "batch-") || !absl::ConsumeSuffix(&name, ext)) return 0;
+  uint64_t seq = 0;
+  return absl::SimpleAtoi(name, &seq) ? seq : 0;
+}
+
+struct BootFile {
+  std::string agent_id;
+  std::string boot_id;
+  uint64_t reserved = 0;
+};
+
+std::optional<BootFile> ParseBootFile(absl::string_view text) {
+  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
+  if (lines.size() != 4 || lines[0] != kBootHeader) return std::nullopt;
+  BootFile b;
+  if (!absl::ConsumePrefix(&lines[1], "agent_id ") || !absl::ConsumePrefix(&lines[2], "boot_id ") ||
+      !absl::ConsumePrefix(&lines[3], "reserved_seq ") ||
+      !absl::SimpleAtoi(lines[3], &b.reserved) || lines[2].empty()) {
+    return std::nullopt;
+  }
+  b.agent_id = std::string(lines[1]);
+  b.boot_id = std::string(lines[2]);
+  return b;
+}
+
+}  // namespace
+
+uint32_t Crc32c(absl::string_view data) {
+  uint32_t c = 0xFFFFFFFFu;
+  for (unsigned char b : data) c = kCrcTable[(c ^ b) & 0xff] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+absl::StatusOr<std::unique_ptr<Spool>> Spool::Open(const SpoolOptions& options,
+                                                   const std::string& agent_id) {
+  if (options.dir.empty()) return absl::InvalidArgumentError("spool directory is empty");
+  if (agent_id.empty()) return absl::InvalidArgumentError("agent_id is required");
+  std::error_code ec;
+  std::filesystem::create_directories(options.dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create spool directory ", options.dir, ": ", ec.message()));
+  }
+  const std::string lock_path = absl::StrCat(options.dir, "/lock");
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("spool directory ", options.dir, " is not writable: ", std::strerror(errno)));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "spool directory ", options.dir,
+        err == EWOULDBLOCK ? " is in use by another stepwatch-agent" : " cannot be locked: ",
+        err == EWOULDBLOCK ? "" : std::strerror(err)));
+  }
+  std::unique_ptr<Spool> spool(new Spool(options, agent_id, fd));
+  if (absl::Status st = spool->Load(); !st.ok()) return st;
+  return spool;
+}
+
+Spool::Spool(const SpoolOptions& options, std::string agent_id, int lock_fd)
+    : options_(options), agent_id_(std::move(agent_id)), lock_fd_(lock_fd) {}
+
+Spool::~Spool() { ::close(lock_fd_); }
+
+std::string Spool::BatchPath(uint64_t seq, absl::string_view ext) const {
+  return absl::StrFormat("%s/batch-%020d%s", options_.dir, seq, ext);
+}
+
+absl::Status Spool::Load() {
+  std::optional<BootFile> boot;
+  uint64_t corrupt = 0;
+  absl::StatusOr<std::string> text = ReadFile(absl::StrCat(options_.dir, "/", kBootFile), 4096);
+  if (text.ok()) {
+    boot = ParseBootFile(*text);
+    if (!boot) {
+      ++corrupt;
+      SW_LOG_WARNING << "spool " << options_.dir
+                     << ": unreadable boot file, recovering from batches";
+    } else if (boot->agent_id != agent_id_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("spool directory ", options_.dir, " holds batches of agent ", boot->agent_id,
+                       ", not ", agent_id_, ": give each agent its own --spool-dir"));
+    }
+  } else if (!absl::IsNotFound(text.status())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot read the spool's boot file: ", text.status().message()));
+  }
+
+  std::map<uint64_t, std::string> names;  // seq -> path, in seq order
+  std::error_code ec;
+  std::filesystem::directory_iterator it(options_.dir, ec);
+  for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (SeqOfName(name, ".tmp") != 0) {
+      // Never renamed into place: the writer died before the batch was complete or sent.
+      std::filesystem::remove(it->path(), ec);
+      ec.clear();
+    } else if (const uint64_t seq = SeqOfName(name, ".swb"); seq != 0) {
+      names[seq] = it->path().string();
+    }
+  }
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot list spool directory ", options_.dir, ": ", ec.message()));
+  }
+
+  boot_id_ = boot ? boot->boot_id : "";
+  uint64_t max_seq = boot ? boot->reserved : 0;
+  std::map<uint64_t, uint64_t> sizes;
+  for (const auto& [seq, path] : names) {
+    absl::StatusOr<std::string> data = ReadFile(path, kMaxRecordBytes + kHeaderBytes);
+    auto batch = std::make_shared<v1::ReportBatch>();
+    bool ok = data.ok() && data->size() >= kHeaderBytes &&
+              std::memcmp(data->data(), kMagic, sizeof(kMagic)) == 0 &&
+              GetLe(data->data() + 8, 8) == seq &&
+              GetLe(data->data() + 16, 4) == data->size() - kHeaderBytes;
+    if (ok) {
+      const absl::string_view payload = absl::string_view(*data).substr(kHeaderBytes);
+      ok = GetLe(data->data() + 20, 4) == Crc32c(payload) &&
+           batch->ParseFromArray(payload.data(), static_cast<int>(payload.size())) &&
+           batch->seq() == seq && batch->agent_id() == agent_id_ &&
+           (boot_id_.empty() || batch->boot_id() == boot_id_) && !batch->boot_id().empty();
+    }
+    if (!ok) {
+      ++corrupt;
+      SW_LOG_WARNING << "spool: skipping unreadable batch " << path;
+      std::filesystem::remove(path, ec);
+      continue;
+    }
+    // Without a boot file the batches tell which boot they belong to.
+    if (boot_id_.empty()) boot_id_ = batch->boot_id();
+    max_seq = std::max(max_seq, seq);
+    sizes[seq] = data->size();
+    recovered_.push_back(std::move(batch));
+  }
+  if (boot_id_.empty()) boot_id_ = MakeBootId();
+  start_seq_ = max_seq;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [seq, size] : sizes) bytes_ += size;
+    files_ = std::move(sizes);
+    stats_.corrupt_records_total = corrupt;
+    stats_.replayed_batches_total = recovered_.size();
+  }
+  // Lease the next block now: this also proves the directory is writable.
+  return Reserve(start_seq_ + 1);
+}
+
+std::vector<std::shared_ptr<v1::ReportBatch>> Spool::TakeRecovered() {
+  return std::move(recovered_);
+}
+
+absl::Status Spool::WriteBootFile(uint64_t reserved) {
+  const std::string text = absl::StrCat(kBootHeader, "\nagent_id ", agent_id_, "\nboot_id ",
+                                        boot_id_, "\nreserved_seq ", reserved, "\n");
+  return WriteFileAtomically(absl::StrCat(options_.dir, "/", kBootFile), text);
+}
+
+absl::Status Spool::Reserve(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (seq <= reserved_) return absl::OkStatus();
+  const uint64_t reserved = seq + std::max<uint64_t>(options_.seq_lease, 1) - 1;
+  if (absl::Status st = WriteBootFile(reserved); !st.ok()) {
+    ++stats_.write_errors_total;
+    return st;
+  }
+  reserved_ = reserved;
+  return absl::OkStatus();
+}
+
+absl::Status Spool::Write(const v1::ReportBatch& batch) {
+  std::string record(kHeaderBytes, '\0');
+  std::memcpy(record.data(), kMagic, sizeof(kMagic));
+  if (!batch.AppendToString(&record)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.write_errors_total;
+    return absl::InternalError("cannot serialize batch");
+  }
+  const absl::string_view payload = absl::string_view(record).substr(kHeaderBytes);
+  PutLe(batch.seq(), 8, record.data() + 8);
+  PutLe(payload.size(), 4, record.data() + 16);
+  PutLe(Crc32c(payload), 4, record.data() + 20);
+
+  const std::string tmp = BatchPath(batch.seq(), ".tmp");
+  const std::string path = BatchPath(batch.seq(), ".swb");
+  absl::Status st;
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    st = ErrnoStatus("cannot create", tmp);
+  } else {
+    st = WriteAll(fd, record, tmp);
+    if (st.ok() && options_.sync && ::fdatasync(fd) != 0) st = ErrnoStatus("cannot sync", tmp);
+    if (::close(fd) != 0 && st.ok()) st = ErrnoStatus("cannot close", tmp);
+    if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st = ErrnoStatus("cannot rename", tmp);
+    if (!st.ok()) ::unlink(tmp.c_str());
+  }
+  // The rename itself must reach the disk too, or a power loss could forget the batch.
+  if (st.ok() && options_.sync) st = SyncDir(options_.dir);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!st.ok()) {
+    ++stats_.write_errors_total;
+    return st;
+  }
+  auto [it, inserted] = files_.emplace(batch.seq(), record.size());
+  if (inserted) bytes_ += record.size();
+  return absl::OkStatus();
+}
+
+void Spool::Remove(uint64_t seq, bool dropped) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = files_.find(seq);
+    if (it == files_.end()) return;
+    bytes_ -= it->second;
+    files_.erase(it);
+    if (dropped) ++stats_.dropped_batches_total;
+  }
+  // A deletion lost to a power cut only means a duplicate the collector ignores: no sync.
+  if (::unlink(BatchPath(seq, ".swb").c_str()) != 0 && errno != ENOENT) {
+    SW_LOG_WARNING << "spool: cannot delete " << BatchPath(seq, ".swb") << ": "
+                   << std::strerror(errno);
+  }
+}
+
+SpoolStats Spool::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SpoolStats s = stats_;
+  s.batches = files_.size();
+  s.bytes = bytes_;
+  return s;
+}
+
+}  // namespace stepwatch::agent

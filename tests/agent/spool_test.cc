@@ -1,0 +1,239 @@
+#include "agent/spool.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "agent/shipper.h"
+#include "gtest/gtest.h"
+#include "tests/agent/test_util.h"
+
+namespace stepwatch::agent {
+namespace {
+
+const char kAgent[] = "node-a-0123456789abcdef";
+
+class SpoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir();
+    ASSERT_FALSE(dir_.empty());
+    options_.dir = dir_ + "/spool";
+    options_.seq_lease = 100;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::unique_ptr<Spool> Open() {
+    absl::StatusOr<std::unique_ptr<Spool>> s = Spool::Open(options_, kAgent);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *std::move(s) : nullptr;
+  }
+
+  static v1::ReportBatch Batch(const Spool& spool, uint64_t seq, int steps) {
+    v1::ReportBatch b;
+    b.set_agent_id(kAgent);
+    b.set_boot_id(spool.boot_id());
+    b.set_seq(seq);
+    for (int i = 0; i < steps; ++i) {
+      v1::StepEvent* e = b.add_steps();
+      e->set_job("job");
+      e->set_step(static_cast<int64_t>(seq * 1000 + i));
+    }
+    return b;
+  }
+
+  std::string BatchFile(uint64_t seq) const {
+    char name[64];
+    std::snprintf(name, sizeof(name), "/batch-%020llu.swb", static_cast<unsigned long long>(seq));
+    return options_.dir + name;
+  }
+
+  std::string dir_;
+  SpoolOptions options_;
+};
+
+TEST(Crc32cTest, KnownValue) {
+  // The check value of CRC-32C (RFC 3720 B.4).
+  EXPECT_EQ(Crc32c("123456789"), 0xE3069283u);
+  EXPECT_EQ(Crc32c(""), 0u);
+}
+
+TEST_F(SpoolTest, UnackedBatchesAreReplayedWithTheirIdsAndAckedOnesAreNot) {
+  std::string boot_id;
+  {
+    std::unique_ptr<Spool> spool = Open();
+    ASSERT_NE(spool, nullptr);
+    boot_id = spool->boot_id();
+    EXPECT_EQ(boot_id.size(), 32u);
+    EXPECT_EQ(spool->last_seq(), 0u);
+    EXPECT_TRUE(spool->TakeRecovered().empty());
+    ASSERT_TRUE(spool->Reserve(4).ok());
+    for (uint64_t seq = 1; seq <= 4; ++seq) ASSERT_TRUE(spool->Write(Batch(*spool, seq, 3)).ok());
+    EXPECT_EQ(spool->stats().batches, 4u);
+    EXPECT_GT(spool->stats().bytes, 0u);
+    spool->Remove(1, /*dropped=*/false);
+    spool->Remove(2, /*dropped=*/false);
+    EXPECT_EQ(spool->stats().batches, 2u);
+    EXPECT_EQ(spool->stats().dropped_batches_total, 0u);
+  }
+  std::unique_ptr<Spool> spool = Open();
+  ASSERT_NE(spool, nullptr);
+  // Same boot, and new seqs start above everything the first process may have used (its lease).
+  EXPECT_EQ(spool->boot_id(), boot_id);
+  EXPECT_GE(spool->last_seq(), 4u);
+  const SpoolStats s = spool->stats();
+  EXPECT_EQ(s.replayed_batches_total, 2u);
+  EXPECT_EQ(s.batches, 2u);
+  EXPECT_EQ(s.corrupt_records_total, 0u);
+  std::vector<std::shared_ptr<v1::ReportBatch>> got = spool->TakeRecovered();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0]->seq(), 3u);
+  EXPECT_EQ(got[1]->seq(), 4u);
+  EXPECT_EQ(got[0]->boot_id(), boot_id);
+  ASSERT_EQ(got[1]->steps_size(), 3);
+  EXPECT_EQ(got[1]->steps(2).step(), 4002);
+  EXPECT_TRUE(spool->TakeRecovered().empty());
+}
+
+TEST_F(SpoolTest, SeqsNeverRepeatAcrossRestartsEvenWhenEverythingWasAcked) {
+  uint64_t first_last = 0;
+  {
+    std::unique_ptr<Spool> spool = Open();
+    ASSERT_NE(spool, nullptr);
+    ASSERT_TRUE(spool->Reserve(7).ok());
+    for (uint64_t seq = 1; seq <= 7; ++seq) {
+      ASSERT_TRUE(spool->Write(Batch(*spool, seq, 1)).ok());
+      spool->Remove(seq, /*dropped=*/false);
+    }
+    EXPECT_EQ(spool->stats().batches, 0u);
+  }
+  for (int restart = 0; restart < 3; ++restart) {
+    std::unique_ptr<Spool> spool = Open();
+    ASSERT_NE(spool, nullptr);
+    EXPECT_GE(spool->last_seq(), 7u);
+    EXPECT_GT(spool->last_seq(), first_last) << "restart " << restart;
+    first_last = spool->last_seq();
+    // Use a few seqs past the lease boundary: the next start must begin above them.
+    const uint64_t next = spool->last_seq() + options_.seq_lease + 5;
+    ASSERT_TRUE(spool->Reserve(next).ok());
+    ASSERT_TRUE(spool->Write(Batch(*spool, next, 1)).ok());
+    spool->Remove(next, /*dropped=*/false);
+    spool.reset();
+    std::unique_ptr<Spool> again = Open();
+    ASSERT_NE(again, nullptr);
+    EXPECT_GE(again->last_seq(), next);
+  }
+}
+
+TEST_F(SpoolTest, DroppedBatchesAreCountedAndGone) {
+  std::unique_ptr<Spool> spool = Open();
+  ASSERT_NE(spool, nullptr);
+  ASSERT_TRUE(spool->Reserve(3).ok());
+  for (uint64_t seq = 1; seq <= 3; ++seq) ASSERT_TRUE(spool->Write(Batch(*spool, seq, 1)).ok());
+  const uint64_t bytes = spool->stats().bytes;
+  spool->Remove(1, /*dropped=*/true);
+  EXPECT_EQ(spool->stats().dropped_batches_total, 1u);
+  EXPECT_LT(spool->stats().bytes, bytes);
+  EXPECT_FALSE(std::filesystem::exists(BatchFile(1)));
+  EXPECT_TRUE(std::filesystem::exists(BatchFile(2)));
+  // Removing twice counts once.
+  spool->Remove(1, /*dropped=*/true);
+  EXPECT_EQ(spool->stats().dropped_batches_total, 1u);
+}
+
+TEST_F(SpoolTest, CorruptAndTruncatedRecordsAreSkippedCountedAndDeleted) {
+  std::string boot_id;
+  {
+    std::unique_ptr<Spool> spool = Open();
+    ASSERT_NE(spool, nullptr);
+    boot_id = spool->boot_id();
+    ASSERT_TRUE(spool->Reserve(4).ok());
+    for (uint64_t seq = 1; seq <= 4; ++seq) ASSERT_TRUE(spool->Write(Batch(*spool, seq, 5)).ok());
+  }
+  // 1: truncated in the payload; 2: one payload byte flipped; 4: cut inside the header.
+  std::filesystem::resize_file(BatchFile(1), std::filesystem::file_size(BatchFile(1)) - 3);
+  {
+    std::fstream f(BatchFile(2), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(30);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x40);
+    f.seekp(30);
+    f.write(&c, 1);
+  }
+  std::filesystem::resize_file(BatchFile(4), 10);
+  // A half-written batch of a process that died mid-write, and a stray file: not records.
+  { std::ofstream(options_.dir + "/batch-00000000000000000009.tmp") << "partial"; }
+  { std::ofstream(options_.dir + "/README") << "not a batch"; }
+
+  std::unique_ptr<Spool> spool = Open();
+  ASSERT_NE(spool, nullptr);
+  EXPECT_EQ(spool->boot_id(), boot_id);
+  const SpoolStats s = spool->stats();
+  EXPECT_EQ(s.corrupt_records_total, 3u);
+  EXPECT_EQ(s.replayed_batches_total, 1u);
+  std::vector<std::shared_ptr<v1::ReportBatch>> got = spool->TakeRecovered();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0]->seq(), 3u);
+  EXPECT_EQ(got[0]->steps_size(), 5);
+  EXPECT_FALSE(std::filesystem::exists(BatchFile(1)));
+  EXPECT_FALSE(std::filesystem::exists(BatchFile(2)));
+  EXPECT_FALSE(std::filesystem::exists(options_.dir + "/batch-00000000000000000009.tmp"));
+  EXPECT_TRUE(std::filesystem::exists(options_.dir + "/README"));
+}
+
+TEST_F(SpoolTest, UnreadableBootFileIsRecoveredFromTheBatches) {
+  std::string boot_id;
+  {
+    std::unique_ptr<Spool> spool = Open();
+    ASSERT_NE(spool, nullptr);
+    boot_id = spool->boot_id();
+    ASSERT_TRUE(spool->Reserve(2).ok());
+    for (uint64_t seq = 1; seq <= 2; ++seq) ASSERT_TRUE(spool->Write(Batch(*spool, seq, 1)).ok());
+  }
+  { std::ofstream(options_.dir + "/boot", std::ios::trunc) << "garbage"; }
+  std::unique_ptr<Spool> spool = Open();
+  ASSERT_NE(spool, nullptr);
+  EXPECT_EQ(spool->boot_id(), boot_id);
+  EXPECT_GE(spool->last_seq(), 2u);
+  EXPECT_EQ(spool->stats().corrupt_records_total, 1u);
+  EXPECT_EQ(spool->TakeRecovered().size(), 2u);
+}
+
+TEST_F(SpoolTest, OneAgentPerDirectory) {
+  std::unique_ptr<Spool> spool = Open();
+  ASSERT_NE(spool, nullptr);
+  absl::StatusOr<std::unique_ptr<Spool>> second = Spool::Open(options_, kAgent);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("in use"), std::string::npos) << second.status();
+  spool.reset();
+  absl::StatusOr<std::unique_ptr<Spool>> other = Spool::Open(options_, "node-b-0000000000000000");
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("own --spool-dir"), std::string::npos) << other.status();
+}
+
+TEST_F(SpoolTest, UnusableDirectoryIsAClearError) {
+  const std::string file = dir_ + "/a-file";
+  { std::ofstream(file) << "x"; }
+  options_.dir = file + "/spool";
+  absl::StatusOr<std::unique_ptr<Spool>> s = Spool::Open(options_, kAgent);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("cannot create spool directory"), std::string::npos)
+      << s.status();
+  if (::geteuid() != 0) {  // root writes anywhere
+    options_.dir = dir_ + "/read-only";
+    std::filesystem::create_directories(options_.dir);
+    ::chmod(options_.dir.c_str(), 0500);
+    s = Spool::Open(options_, kAgent);
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.status().message().find("not writable"), std::string::npos) << s.status();
+    ::chmod(options_.dir.c_str(), 0700);
+  }
+}
+
+}  // namespace
+}  // namespace stepwatch::agent
