@@ -2,10 +2,12 @@
 # Installs what is missing, builds with warnings as errors and runs every test under ctest (unit,
 # integration with real processes, promtool, Prometheus/Alertmanager end to end, PyTorch DDP); then
 # builds again with AddressSanitizer + UndefinedBehaviorSanitizer and reruns the tests that exercise
-# C++ code.
+# C++ code; then runs every libFuzzer target (fuzz/) for a bounded time under ASan + UBSan.
 # Usage: scripts/test.sh
 # Environment:
 #   STEPWATCH_SKIP_SANITIZE=1   skip the sanitizer pass (quicker local runs)
+#   STEPWATCH_SKIP_FUZZ=1       skip the fuzzing pass
+#   STEPWATCH_FUZZ_SECONDS=N    seconds per fuzz target (default 15; six targets)
 #   STEPWATCH_TEST_JOBS=N       tests run in parallel (default 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,4 +27,9 @@ if [ "${STEPWATCH_SKIP_SANITIZE:-0}" != "1" ]; then
   (cd build-sanitize &&
     UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$jobs" --timeout 900 \
       -E '^(python_|deploy_|format_check$|integration_torch_ddp$)')
+fi
+
+if [ "${STEPWATCH_SKIP_FUZZ:-0}" != "1" ]; then
+  echo "=== fuzz targets (clang, libFuzzer + ASan + UBSan), bounded time each ==="
+  scripts/fuzz.sh "${STEPWATCH_FUZZ_SECONDS:-15}"
 fi
