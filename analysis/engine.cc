@@ -51,6 +51,36 @@ const char* SeverityName(Severity severity) {
   return "unknown";
 }
 
+absl::Status ValidateStepSample(const StepSample& s) {
+  constexpr double kMaxSeconds = 86400;  // a step longer than a day is a bug, not a measurement
+  if (s.job.empty()) return absl::InvalidArgumentError("step sample without job");
+  if (s.world_size <= 0) return absl::InvalidArgumentError("world_size must be positive");
+  if (s.rank < 0 || s.rank >= s.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", s.rank, " outside [0, ", s.world_size, ")"));
+  }
+  if (s.step < 0) return absl::InvalidArgumentError("negative step");
+  if (!std::isfinite(s.step_s) || s.step_s <= 0 || s.step_s > kMaxSeconds) {
+    return absl::InvalidArgumentError("step_s must be positive, finite and at most a day");
+  }
+  for (const auto* d : {&s.data_s, &s.compute_s, &s.comm_s}) {
+    if (d->has_value() && (!std::isfinite(**d) || **d < 0 || **d > kMaxSeconds)) {
+      return absl::InvalidArgumentError("durations must be non-negative, finite, at most a day");
+    }
+  }
+  if (s.samples.has_value() && *s.samples < 0) {
+    return absl::InvalidArgumentError("negative samples");
+  }
+  // As the agent's datagram contract says; a batch from elsewhere must not reach the peer-group
+  // key (a negative pp_stage shifted left is undefined behaviour).
+  for (const auto* i : {&s.local_rank, &s.gpu, &s.dp_rank, &s.pp_stage, &s.tp_rank}) {
+    if (i->has_value() && **i < 0) {
+      return absl::InvalidArgumentError("negative index (local_rank, gpu, dp/pp/tp rank)");
+    }
+  }
+  return absl::OkStatus();
+}
+
 const char* CauseName(Cause cause) {
   switch (cause) {
     case Cause::kUnknown:
@@ -311,31 +341,7 @@ class Engine::Impl {
   }
 
   absl::Status AddStep(const StepSample& s) {
-    if (s.job.empty()) return absl::InvalidArgumentError("step sample without job");
-    if (s.world_size <= 0) return absl::InvalidArgumentError("world_size must be positive");
-    if (s.rank < 0 || s.rank >= s.world_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", s.rank, " outside [0, ", s.world_size, ")"));
-    }
-    if (s.step < 0) return absl::InvalidArgumentError("negative step");
-    if (!Finite(s.step_s) || s.step_s <= 0) {
-      return absl::InvalidArgumentError("step_s must be positive and finite");
-    }
-    for (const auto* d : {&s.data_s, &s.compute_s, &s.comm_s}) {
-      if (d->has_value() && (!Finite(**d) || **d < 0)) {
-        return absl::InvalidArgumentError("durations must be non-negative and finite");
-      }
-    }
-    if (s.samples.has_value() && *s.samples < 0) {
-      return absl::InvalidArgumentError("negative samples");
-    }
-    // As the agent's datagram contract says; a batch from elsewhere must not reach the peer-group
-    // key (a negative pp_stage shifted left is undefined behaviour).
-    for (const auto* i : {&s.local_rank, &s.gpu, &s.dp_rank, &s.pp_stage, &s.tp_rank}) {
-      if (i->has_value() && **i < 0) {
-        return absl::InvalidArgumentError("negative index (local_rank, gpu, dp/pp/tp rank)");
-      }
-    }
+    if (absl::Status valid = ValidateStepSample(s); !valid.ok()) return valid;
     if (s.world_size > opt_.max_ranks_per_job) {
       return absl::ResourceExhaustedError(
           absl::StrCat("world_size ", s.world_size, " over the limit ", opt_.max_ranks_per_job));

@@ -39,6 +39,10 @@ struct StepSample {
   int64_t received_unix_nanos = 0;
 };
 
+// InvalidArgument when the sample breaks the step-event contract (DESIGN.md): what AddStep checks
+// first, exposed so that a caller can refuse a sample before spending anything on it.
+absl::Status ValidateStepSample(const StepSample& sample);
+
 // One reading of one GPU on one node.
 struct GpuReading {
   std::string node;

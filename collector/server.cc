@@ -46,13 +46,6 @@ void LogSecurityPosture(const CollectorServerOptions& o, bool tokens) {
   }
 }
 
-// gRPC and civetweb both want IPv6 hosts in brackets; ":PORT" means every interface.
-std::string JoinHostPort(const HostPort& hp) {
-  std::string host = hp.host.empty() ? "0.0.0.0" : hp.host;
-  if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
-  return absl::StrCat(host, ":", hp.port);
-}
-
 // Opens and closes one TCP connection to the listener at host:port (an unspecified host means
 // loopback). Failures do not matter: it is only a wake-up.
 void WakeListener(const std::string& host, int port) {

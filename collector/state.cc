@@ -1,7 +1,6 @@
 #include "collector/state.h"
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,31 +12,12 @@ namespace stepwatch::collector {
 namespace {
 
 // Label values (job, node) are bounded: longer ones are refused, not truncated, so that two
-// distinct names cannot collide.
+// distinct names cannot collide. Names also reach terminals: no control characters.
 constexpr size_t kMaxNameBytes = 256;
-constexpr double kMaxSeconds = 86400;
 
-bool ValidSeconds(double s) { return std::isfinite(s) && s >= 0 && s <= kMaxSeconds; }
-
-// The step event contract (DESIGN.md), checked again here: a batch need not come from a real agent.
-bool ValidStepEvent(const v1::StepEvent& e) {
-  if (e.job().empty() || e.job().size() > kMaxNameBytes ||
-      FindControlCharacter(e.job()) != absl::string_view::npos) {
-    return false;
-  }
-  if (e.world_size() <= 0 || e.rank() < 0 || e.rank() >= e.world_size() || e.step() < 0) {
-    return false;
-  }
-  if (!ValidSeconds(e.step_s()) || e.step_s() == 0) return false;
-  if (e.has_data_s() && !ValidSeconds(e.data_s())) return false;
-  if (e.has_compute_s() && !ValidSeconds(e.compute_s())) return false;
-  if (e.has_comm_s() && !ValidSeconds(e.comm_s())) return false;
-  if (e.has_samples() && e.samples() < 0) return false;
-  return true;
+bool ValidName(absl::string_view name) {
+  return name.size() <= kMaxNameBytes && FindControlCharacter(name) == absl::string_view::npos;
 }
-
-}  // namespace
-namespace {
 
 analysis::EngineOptions EngineOptionsWithLimits(const CollectorStateOptions& o) {
   analysis::EngineOptions e = o.engine;
@@ -158,7 +138,7 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
   }
   // Node names and agent ids become label values and are printed by stepwatchctl.
   for (const std::string* name : {&batch.node().node(), &batch.agent_id()}) {
-    if (name->size() > kMaxNameBytes || FindControlCharacter(*name) != absl::string_view::npos) {
+    if (!ValidName(*name)) {
       CountIngestError();
       return absl::InvalidArgumentError(absl::StrCat("node name or agent id longer than ",
                                                      kMaxNameBytes,
@@ -184,8 +164,10 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
 
   for (const v1::StepEvent& event : batch.steps()) {
     ++counters_.steps_received;
-    // Validated before admission, so that invalid steps cannot take job or rank slots.
-    if (!ValidStepEvent(event)) {
+    // Validated before admission (a batch need not come from a real agent), so that invalid
+    // steps cannot take job or rank slots.
+    FillStepSample(event, node_name, now, &scratch_step_);
+    if (!ValidName(event.job()) || !analysis::ValidateStepSample(scratch_step_).ok()) {
       ++counters_.steps_rejected["invalid"];
       continue;
     }
@@ -193,7 +175,6 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
       ++counters_.steps_rejected["limit"];
       continue;
     }
-    FillStepSample(event, node_name, now, &scratch_step_);
     scratch_step_.received_unix_nanos =
         TrustedTime(scratch_step_.received_unix_nanos, now, node_name);
     absl::Status st = engine_.AddStep(scratch_step_);

@@ -35,4 +35,10 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view address) {
   return out;
 }
 
+std::string JoinHostPort(const HostPort& hp) {
+  std::string host = hp.host.empty() ? "0.0.0.0" : hp.host;
+  if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
+  return absl::StrCat(host, ":", hp.port);
+}
+
 }  // namespace stepwatch

@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "prometheus/exposer.h"
+#include "security/tokens.h"
 
 namespace stepwatch::security {
 
@@ -39,11 +40,11 @@ class BasicAuthUsers {
     auto it = users_.find(user);
     if (it == users_.end()) return false;
     User& u = it->second;
-    if (!u.verified.empty()) return Equal(u.verified, password);
+    if (!u.verified.empty()) return ConstantTimeEquals(u.verified, password);
     crypt_data data;
     std::memset(&data, 0, sizeof(data));
     const char* hashed = crypt_r(password.c_str(), u.hash.c_str(), &data);
-    if (hashed == nullptr || hashed[0] == '*' || !Equal(hashed, u.hash)) return false;
+    if (hashed == nullptr || hashed[0] == '*' || !ConstantTimeEquals(hashed, u.hash)) return false;
     u.verified = password;
     return true;
   }
@@ -53,13 +54,6 @@ class BasicAuthUsers {
     std::string hash;
     std::string verified;
   };
-
-  static bool Equal(const std::string& a, const std::string& b) {
-    if (a.size() != b.size()) return false;
-    unsigned char diff = 0;
-    for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-    return diff == 0;
-  }
 
   absl::Status LoadLocked() {
     absl::StatusOr<std::string> text = ReadFile(path_, 1 << 20);
@@ -93,15 +87,7 @@ class BasicAuthUsers {
   LogRateLimiter log_limiter_{1, std::chrono::minutes(1)};
 };
 
-namespace {
-
-std::string CivetAddress(const HostPort& hp) {
-  std::string host = hp.host.empty() ? "0.0.0.0" : hp.host;
-  if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
-  return absl::StrCat(host, ":", hp.port);
-}
-
-}  // namespace
+namespace {}  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     const MetricsEndpointOptions& o, std::weak_ptr<prometheus::Collectable> collectable) {
@@ -113,7 +99,7 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     if (absl::Status s = endpoint->users_->Load(); !s.ok()) return s;
   }
   std::vector<std::string> civet_options = {
-      "listening_ports",    CivetAddress(*hp),
+      "listening_ports",    JoinHostPort(*hp),
       "num_threads",        absl::StrCat(std::max(2, o.threads)),
       "request_timeout_ms", absl::StrCat(std::max(100, o.request_timeout_ms))};
   try {

@@ -46,15 +46,6 @@ absl::StatusOr<std::optional<std::string>> ReadIfChanged(const std::string& path
   return std::optional<std::string>(*std::move(text));
 }
 
-// Compares in time independent of where the first difference is, so that response times do not
-// reveal how much of a guessed token was right.
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 bool ValidTokenChars(absl::string_view token) {
   for (char c : token) {
     if (c <= 0x20 || c >= 0x7f) return false;  // printable ASCII without spaces: a header value
@@ -63,6 +54,13 @@ bool ValidTokenChars(absl::string_view token) {
 }
 
 }  // namespace
+
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
 
 const char* RoleName(Role role) { return role == Role::kAgent ? "agent" : "reader"; }
 

@@ -24,6 +24,10 @@ namespace stepwatch::security {
 enum class Role { kAgent, kReader };
 const char* RoleName(Role role);  // "agent", "reader"
 
+// Compares secrets in time independent of where the first difference is, so that response times
+// do not reveal how much of a guess was right.
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
+
 // Shortest token accepted: shorter ones are guessable.
 inline constexpr size_t kMinTokenLength = 16;
 

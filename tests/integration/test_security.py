@@ -9,7 +9,6 @@ import socket
 import ssl
 import subprocess
 import tempfile
-import time
 import unittest
 import urllib.error
 import urllib.request
@@ -171,7 +170,9 @@ class SecurityTest(unittest.TestCase):
                                                             "tls_key": self.foreign[1]})):
                 with Agent(self.tmpdir, c.grpc_addr, node="node-a", **extra) as agent:
                     self.send_steps(agent, f"job-{name}")
-                    time.sleep(1.5)
+                    # The agent tried and was turned away (its shipper logs each failed attempt).
+                    wait_until(lambda: "unavailable" in agent.log(), timeout=20,
+                               message=f"the {name} agent's connection to be refused")
                     self.assertEqual(self.steps_received(c), 0, name)
             with Agent(self.tmpdir, c.grpc_addr, node="node-a", tls_ca=self.pki.ca,
                        tls_cert=self.node_a[0], tls_key=self.node_a[1]) as agent:
