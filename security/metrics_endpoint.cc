@@ -2,7 +2,7 @@
 
 #include <crypt.h>
 
-#include <cstring>
+#include <memory>
 #include <map>
 #include <mutex>
 
@@ -41,9 +41,9 @@ class BasicAuthUsers {
     if (it == users_.end()) return false;
     User& u = it->second;
     if (!u.verified.empty()) return ConstantTimeEquals(u.verified, password);
-    crypt_data data;
-    std::memset(&data, 0, sizeof(data));
-    const char* hashed = crypt_r(password.c_str(), u.hash.c_str(), &data);
+    // crypt_data is 32 KiB: on the heap, not on a web-server worker's stack.
+    auto data = std::make_unique<crypt_data>();
+    const char* hashed = crypt_r(password.c_str(), u.hash.c_str(), data.get());
     if (hashed == nullptr || hashed[0] == '*' || !ConstantTimeEquals(hashed, u.hash)) return false;
     u.verified = password;
     return true;
@@ -86,8 +86,6 @@ class BasicAuthUsers {
   std::map<std::string, User> users_;
   LogRateLimiter log_limiter_{1, std::chrono::minutes(1)};
 };
-
-namespace {}  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     const MetricsEndpointOptions& o, std::weak_ptr<prometheus::Collectable> collectable) {
