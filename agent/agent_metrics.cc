@@ -184,6 +184,23 @@ std::vector<MetricFamily> AgentCollectable::Collect() const {
     }
     f.Add("stepwatch_agent_receive_errors_total", "Errors reading the ingest socket.", kCounter, nl,
           static_cast<double>(s.receive_errors_total));
+    f.Add("stepwatch_agent_seqpacket_messages_received_total",
+          "Messages read from connections to the seqpacket ingest socket.", kCounter, nl,
+          static_cast<double>(s.seqpacket_messages_total));
+    f.Add("stepwatch_agent_connections_accepted_total",
+          "Connections accepted on the seqpacket ingest socket.", kCounter, nl,
+          static_cast<double>(s.connections_accepted_total));
+    f.Add("stepwatch_agent_connections_refused_total",
+          "Connections closed at once because --max-connections were open.", kCounter, nl,
+          static_cast<double>(s.connections_refused_total));
+    f.Add("stepwatch_agent_connections", "Open connections on the seqpacket ingest socket.", kGauge,
+          nl, static_cast<double>(s.connections_open));
+    for (const auto& [job, dropped] : s.client_dropped_by_job) {
+      f.Add("stepwatch_agent_client_dropped_events_total",
+            "Step events that training processes report they failed to send (the \"dropped\" "
+            "field), by job; the least recently seen jobs are forgotten beyond a bound.",
+            kCounter, {{"node", node}, {"job", job}}, static_cast<double>(dropped));
+    }
   }
   if (sources_.shipper) {
     const ShipperStats s = sources_.shipper();

@@ -1,13 +1,14 @@
 #include "agent/ingest_server.h"
 
 #include <errno.h>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -47,8 +48,9 @@ sockaddr_un MakeAddress(const std::string& path) {
 }
 
 // Removes a socket file left behind by a process that is gone. A socket that still has a reader
-// (another agent) or a path that is not a socket is never touched.
-absl::Status RemoveStaleSocket(const std::string& path) {
+// (another agent) or a path that is not a socket is never touched. `type` is the socket type the
+// path is probed with (a live socket of another type answers EPROTOTYPE: in use, too).
+absl::Status RemoveStaleSocket(const std::string& path, int type) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return absl::OkStatus();
@@ -58,13 +60,13 @@ absl::Status RemoveStaleSocket(const std::string& path) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " exists and is not a socket; refusing to replace it"));
   }
-  const int probe = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  const int probe = ::socket(AF_UNIX, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (probe < 0) return ErrnoError("socket", errno);
   const sockaddr_un addr = MakeAddress(path);
   const int rc = ::connect(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
   const int err = errno;
   ::close(probe);
-  if (rc == 0) {
+  if (rc == 0 || err == EAGAIN || err == EPROTOTYPE) {
     return absl::AlreadyExistsError(
         absl::StrCat(path, " is in use by another process (is another agent running?)"));
   }
@@ -77,23 +79,19 @@ absl::Status RemoveStaleSocket(const std::string& path) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<IngestServer>> IngestServer::Start(
-    const IngestServerOptions& options, Sink sink) {
-  const std::string& path = options.socket_path;
-  if (path.empty()) return absl::InvalidArgumentError("socket path is empty");
+// Binds `path` as a socket of `type` with the ingest socket's mode and group. On error nothing is
+// left behind.
+absl::StatusOr<int> BindSocket(const IngestServerOptions& options, const std::string& path,
+                               int type) {
   if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "socket path is longer than ", sizeof(sockaddr_un{}.sun_path) - 1, " bytes: ", path));
   }
-  if (options.receive_batch <= 0) return absl::InvalidArgumentError("receive_batch must be > 0");
   absl::Status st = MakeParentDirectories(path, options.directory_mode);
   if (!st.ok()) return st;
-  st = RemoveStaleSocket(path);
+  st = RemoveStaleSocket(path, type);
   if (!st.ok()) return st;
-
-  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const int fd = ::socket(AF_UNIX, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return ErrnoError("socket", errno);
   const sockaddr_un addr = MakeAddress(path);
   if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
@@ -101,54 +99,116 @@ absl::StatusOr<std::unique_ptr<IngestServer>> IngestServer::Start(
     ::close(fd);
     return ErrnoError(absl::StrCat("cannot bind ", path), err);
   }
+  auto fail = [&](const std::string& what) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(path.c_str());
+    return ErrnoError(what, err);
+  };
   if (options.socket_group != static_cast<gid_t>(-1) &&
       ::chown(path.c_str(), static_cast<uid_t>(-1), options.socket_group) != 0) {
-    const int err = errno;
-    ::close(fd);
-    ::unlink(path.c_str());
-    return ErrnoError(absl::StrCat("cannot give ", path, " to group ", options.socket_group), err);
+    return fail(absl::StrCat("cannot give ", path, " to group ", options.socket_group));
   }
   if (::chmod(path.c_str(), options.socket_mode) != 0) {
-    const int err = errno;
-    ::close(fd);
-    ::unlink(path.c_str());
-    return ErrnoError(absl::StrCat("cannot chmod ", path), err);
+    return fail(absl::StrCat("cannot chmod ", path));
   }
+  // Every message then carries its sender's pid (SCM_CREDENTIALS).
   const int one = 1;
   if (::setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)) != 0) {
-    const int err = errno;
-    ::close(fd);
-    ::unlink(path.c_str());
-    return ErrnoError("SO_PASSCRED", err);
+    return fail("SO_PASSCRED");
+  }
+  if (type == SOCK_SEQPACKET && ::listen(fd, std::min(options.max_connections, SOMAXCONN)) != 0) {
+    return fail(absl::StrCat("cannot listen on ", path));
+  }
+  return fd;
+}
+
+bool AddToEpoll(int epoll_fd, int fd) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = fd;
+  return ::epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) == 0;
+}
+
+// The sender's pid from a received message's SCM_CREDENTIALS; `fallback` when it has none.
+pid_t SenderPid(msghdr* h, pid_t fallback) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(h); c != nullptr; c = CMSG_NXTHDR(h, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
+      ucred cred;
+      std::memcpy(&cred, CMSG_DATA(c), sizeof(cred));
+      if (cred.pid > 0) return cred.pid;
+    }
+  }
+  return fallback;
+}
+
+constexpr size_t kControlBytes = CMSG_SPACE(sizeof(ucred));
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<IngestServer>> IngestServer::Start(
+    const IngestServerOptions& options, Sink sink) {
+  if (options.socket_path.empty()) return absl::InvalidArgumentError("socket path is empty");
+  if (options.receive_batch <= 0) return absl::InvalidArgumentError("receive_batch must be > 0");
+  if (options.max_connections <= 0) {
+    return absl::InvalidArgumentError("max_connections must be > 0");
+  }
+  if (options.seqpacket_path == options.socket_path) {
+    return absl::InvalidArgumentError("the seqpacket socket needs a path of its own");
+  }
+  Fds fds;
+  auto close_all = [&] {
+    for (int fd : {fds.datagram, fds.seqpacket, fds.wake, fds.epoll}) {
+      if (fd >= 0) ::close(fd);
+    }
+    if (fds.datagram >= 0) ::unlink(options.socket_path.c_str());
+    if (fds.seqpacket >= 0) ::unlink(options.seqpacket_path.c_str());
+  };
+  absl::StatusOr<int> datagram = BindSocket(options, options.socket_path, SOCK_DGRAM);
+  if (!datagram.ok()) return datagram.status();
+  fds.datagram = *datagram;
+  if (!options.seqpacket_path.empty()) {
+    absl::StatusOr<int> seqpacket = BindSocket(options, options.seqpacket_path, SOCK_SEQPACKET);
+    if (!seqpacket.ok()) {
+      close_all();
+      return seqpacket.status();
+    }
+    fds.seqpacket = *seqpacket;
   }
   // A large buffer absorbs bursts (all ranks finishing a step at once). FORCE needs
   // CAP_NET_ADMIN; without it the kernel caps the plain request at rmem_max.
   const int want = options.receive_buffer_bytes;
-  if (want > 0 && ::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &want, sizeof(want)) != 0) {
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &want, sizeof(want));
+  if (want > 0 &&
+      ::setsockopt(fds.datagram, SOL_SOCKET, SO_RCVBUFFORCE, &want, sizeof(want)) != 0) {
+    ::setsockopt(fds.datagram, SOL_SOCKET, SO_RCVBUF, &want, sizeof(want));
   }
-  const int wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd < 0) {
+  fds.wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (fds.wake < 0) {
     const int err = errno;
-    ::close(fd);
-    ::unlink(path.c_str());
+    close_all();
     return ErrnoError("eventfd", err);
   }
-  std::unique_ptr<IngestServer> server(new IngestServer(options, std::move(sink), fd, wake_fd));
+  fds.epoll = ::epoll_create1(EPOLL_CLOEXEC);
+  if (fds.epoll < 0 || !AddToEpoll(fds.epoll, fds.datagram) || !AddToEpoll(fds.epoll, fds.wake) ||
+      (fds.seqpacket >= 0 && !AddToEpoll(fds.epoll, fds.seqpacket))) {
+    const int err = errno;
+    close_all();
+    return ErrnoError("epoll", err);
+  }
+  std::unique_ptr<IngestServer> server(new IngestServer(options, std::move(sink), fds));
   server->thread_ = std::thread([s = server.get()] { s->Run(); });
   return server;
 }
 
-IngestServer::IngestServer(const IngestServerOptions& options, Sink sink, int fd, int wake_fd)
+IngestServer::IngestServer(const IngestServerOptions& options, Sink sink, Fds fds)
     : options_(options),
       sink_(std::move(sink)),
       clock_(options.clock ? options.clock : &system_clock_),
-      fd_(fd),
-      wake_fd_(wake_fd),
+      fds_(fds),
       reject_log_limiter_(5, std::chrono::seconds(10)),
       owners_(options.owners) {
   socklen_t len = sizeof(granted_rcvbuf_);
-  ::getsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &granted_rcvbuf_, &len);
+  ::getsockopt(fds_.datagram, SOL_SOCKET, SO_RCVBUF, &granted_rcvbuf_, &len);
 }
 
 IngestServer::~IngestServer() { Stop(); }
@@ -156,89 +216,226 @@ IngestServer::~IngestServer() { Stop(); }
 void IngestServer::Stop() {
   if (stopping_.exchange(true)) return;
   const uint64_t one = 1;
-  ssize_t ignored = ::write(wake_fd_, &one, sizeof(one));
+  ssize_t ignored = ::write(fds_.wake, &one, sizeof(one));
   (void)ignored;
   if (thread_.joinable()) thread_.join();
-  ::close(fd_);
-  ::close(wake_fd_);
+  for (const auto& [fd, pid] : connections_) ::close(fd);
+  connections_.clear();
+  connections_open_.store(0, std::memory_order_relaxed);
+  ::close(fds_.datagram);
   ::unlink(options_.socket_path.c_str());
+  if (fds_.seqpacket >= 0) {
+    ::close(fds_.seqpacket);
+    ::unlink(options_.seqpacket_path.c_str());
+  }
+  ::close(fds_.wake);
+  ::close(fds_.epoll);
 }
 
 IngestStats IngestServer::stats() const {
   IngestStats s;
   s.datagrams_total = datagrams_.load(std::memory_order_acquire);
+  s.seqpacket_messages_total = seqpacket_messages_.load(std::memory_order_acquire);
   s.events_accepted_total = accepted_.load(std::memory_order_relaxed);
   for (int i = 0; i < kRejectReasonCount; ++i) {
     s.rejected_total[i] = rejected_[i].load(std::memory_order_relaxed);
   }
   s.receive_errors_total = receive_errors_.load(std::memory_order_relaxed);
+  s.connections_accepted_total = connections_accepted_.load(std::memory_order_relaxed);
+  s.connections_refused_total = connections_refused_.load(std::memory_order_relaxed);
+  s.connections_open = connections_open_.load(std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(drops_mu_);
+    s.client_dropped_by_job.reserve(drops_by_job_.size());
+    for (const auto& [job, d] : drops_by_job_) s.client_dropped_by_job.emplace_back(job, d.dropped);
+  }
+  std::sort(s.client_dropped_by_job.begin(), s.client_dropped_by_job.end());
   return s;
 }
 
-void IngestServer::Run() {
-  const int batch = options_.receive_batch;
-  // One maximal buffer per slot; only the pages a datagram touches become resident.
-  std::vector<char> buffers(static_cast<size_t>(batch) * kMaxDatagramBytes);
-  constexpr size_t kControlBytes = CMSG_SPACE(sizeof(ucred));
-  std::vector<char> control(static_cast<size_t>(batch) * kControlBytes);
-  std::vector<iovec> iov(batch);
-  std::vector<mmsghdr> msgs(batch);
+struct IngestServer::Buffers {
+  explicit Buffers(int batch)
+      : data(static_cast<size_t>(batch) * kMaxDatagramBytes),
+        control(static_cast<size_t>(batch) * kControlBytes),
+        iov(batch),
+        msgs(batch) {}
+  // One maximal buffer per slot; only the pages a message touches become resident.
+  std::vector<char> data;
+  std::vector<char> control;
+  std::vector<iovec> iov;
+  std::vector<mmsghdr> msgs;
+};
 
-  pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+void IngestServer::Run() {
+  Buffers buffers(options_.receive_batch);
+  constexpr int kMaxEvents = 64;
+  epoll_event events[kMaxEvents];
   while (!stopping_.load(std::memory_order_relaxed)) {
-    const int ready = ::poll(fds, 2, 1000);
-    if (ready < 0 && errno != EINTR) {
+    const int ready = ::epoll_wait(fds_.epoll, events, kMaxEvents, 1000);
+    if (ready < 0) {
+      if (errno == EINTR) continue;
       receive_errors_.fetch_add(1, std::memory_order_relaxed);
-      SW_LOG_ERROR << "poll on " << options_.socket_path << " failed: " << std::strerror(errno);
+      SW_LOG_ERROR << "epoll_wait on " << options_.socket_path
+                   << " failed: " << std::strerror(errno);
       return;
     }
-    if (ready <= 0 || !(fds[0].revents & POLLIN)) continue;
-    // Drain what is queued, bounded so that a flood cannot starve the stop check.
-    for (int round = 0; round < 256 && !stopping_.load(std::memory_order_relaxed); ++round) {
-      for (int i = 0; i < batch; ++i) {
-        iov[i] = {buffers.data() + static_cast<size_t>(i) * kMaxDatagramBytes, kMaxDatagramBytes};
-        msghdr& h = msgs[i].msg_hdr;
-        h = msghdr{};
-        h.msg_iov = &iov[i];
-        h.msg_iovlen = 1;
-        h.msg_control = control.data() + static_cast<size_t>(i) * kControlBytes;
-        h.msg_controllen = kControlBytes;
-        msgs[i].msg_len = 0;
+    for (int i = 0; i < ready && !stopping_.load(std::memory_order_relaxed); ++i) {
+      const int fd = events[i].data.fd;
+      if (fd == fds_.wake) continue;
+      if (fd == fds_.datagram) {
+        DrainDatagrams(&buffers);
+      } else if (fd == fds_.seqpacket) {
+        Accept();
+      } else if (auto it = connections_.find(fd); it != connections_.end()) {
+        if (!DrainConnection(fd, it->second, buffers.data.data())) CloseConnection(fd);
       }
-      const int n = ::recvmmsg(fd_, msgs.data(), batch, MSG_DONTWAIT, nullptr);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) {
-          receive_errors_.fetch_add(1, std::memory_order_relaxed);
-        }
-        break;
-      }
-      for (int i = 0; i < n; ++i) {
-        msghdr& h = msgs[i].msg_hdr;
-        pid_t pid = 0;
-        for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(&h, c)) {
-          if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
-            ucred cred;
-            std::memcpy(&cred, CMSG_DATA(c), sizeof(cred));
-            pid = cred.pid;
-          }
-        }
-        Handle(static_cast<const char*>(iov[i].iov_base), msgs[i].msg_len,
-               (h.msg_flags & MSG_TRUNC) != 0, pid);
-      }
-      if (n < batch) break;
     }
   }
 }
 
-void IngestServer::Handle(const char* data, size_t size, bool truncated, pid_t pid) {
+void IngestServer::DrainDatagrams(Buffers* b) {
+  const int batch = options_.receive_batch;
+  std::vector<iovec>& iov = b->iov;
+  std::vector<mmsghdr>& msgs = b->msgs;
+  // Drain what is queued, bounded so that a flood cannot starve the stop check or the
+  // connections.
+  for (int round = 0; round < 256 && !stopping_.load(std::memory_order_relaxed); ++round) {
+    for (int i = 0; i < batch; ++i) {
+      iov[i] = {b->data.data() + static_cast<size_t>(i) * kMaxDatagramBytes, kMaxDatagramBytes};
+      msghdr& h = msgs[i].msg_hdr;
+      h = msghdr{};
+      h.msg_iov = &iov[i];
+      h.msg_iovlen = 1;
+      h.msg_control = b->control.data() + static_cast<size_t>(i) * kControlBytes;
+      h.msg_controllen = kControlBytes;
+      msgs[i].msg_len = 0;
+    }
+    const int n = ::recvmmsg(fds_.datagram, msgs.data(), batch, MSG_DONTWAIT, nullptr);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        receive_errors_.fetch_add(1, std::memory_order_relaxed);
+      }
+      return;
+    }
+    for (int i = 0; i < n; ++i) {
+      msghdr& h = msgs[i].msg_hdr;
+      Handle(static_cast<const char*>(iov[i].iov_base), msgs[i].msg_len,
+             (h.msg_flags & MSG_TRUNC) != 0, SenderPid(&h, 0), Transport::kDatagram);
+    }
+    if (n < batch) return;
+  }
+}
+
+void IngestServer::Accept() {
+  // Bounded, like the datagram drain; the listening socket stays readable if more wait.
+  for (int round = 0; round < 64; ++round) {
+    const int fd = ::accept4(fds_.seqpacket, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        receive_errors_.fetch_add(1, std::memory_order_relaxed);
+        uint64_t suppressed = 0;
+        if (reject_log_limiter_.Allow(&suppressed)) {
+          SW_LOG_WARNING << "accept on " << options_.seqpacket_path
+                         << " failed: " << std::strerror(errno);
+        }
+      }
+      return;
+    }
+    if (connections_.size() >= static_cast<size_t>(options_.max_connections)) {
+      // Accepted and closed at once: left in the backlog it would keep the socket readable.
+      ::close(fd);
+      connections_refused_.fetch_add(1, std::memory_order_relaxed);
+      uint64_t suppressed = 0;
+      if (reject_log_limiter_.Allow(&suppressed)) {
+        SW_LOG_WARNING << "refused a connection on " << options_.seqpacket_path << ": "
+                       << options_.max_connections << " are open";
+      }
+      continue;
+    }
+    // The connecting process; each message's own SCM_CREDENTIALS take precedence (a forked
+    // child may send on its parent's connection).
+    ucred peer{};
+    socklen_t len = sizeof(peer);
+    const pid_t pid =
+        ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) == 0 ? peer.pid : pid_t{0};
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one));
+    if (!AddToEpoll(fds_.epoll, fd)) {
+      receive_errors_.fetch_add(1, std::memory_order_relaxed);
+      ::close(fd);
+      continue;
+    }
+    connections_.emplace(fd, pid);
+    connections_accepted_.fetch_add(1, std::memory_order_relaxed);
+    connections_open_.store(connections_.size(), std::memory_order_relaxed);
+  }
+}
+
+bool IngestServer::DrainConnection(int fd, pid_t peer_pid, char* buffer) {
+  alignas(cmsghdr) char control[kControlBytes];
+  // Bounded per wake-up so that one busy client cannot starve the others.
+  for (int round = 0; round < 256; ++round) {
+    iovec iov{buffer, kMaxDatagramBytes};
+    msghdr h{};
+    h.msg_iov = &iov;
+    h.msg_iovlen = 1;
+    h.msg_control = control;
+    h.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(fd, &h, MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+      if (errno != ECONNRESET) receive_errors_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    // 0 is the end of the connection (an empty packet is not a step event either).
+    if (n == 0 && (h.msg_flags & MSG_TRUNC) == 0) return false;
+    Handle(buffer, static_cast<size_t>(n), (h.msg_flags & MSG_TRUNC) != 0, SenderPid(&h, peer_pid),
+           Transport::kSeqpacket);
+  }
+  return true;
+}
+
+void IngestServer::CloseConnection(int fd) {
+  ::epoll_ctl(fds_.epoll, EPOLL_CTL_DEL, fd, nullptr);
+  ::close(fd);
+  connections_.erase(fd);
+  connections_open_.store(connections_.size(), std::memory_order_relaxed);
+}
+
+void IngestServer::CountClientDrops(const std::string& job, uint64_t dropped) {
+  std::lock_guard<std::mutex> lock(drops_mu_);
+  const uint64_t seq = ++drop_sequence_;
+  auto it = drops_by_job_.find(job);
+  if (it == drops_by_job_.end()) {
+    if (drops_by_job_.size() >= options_.max_drop_jobs) {
+      auto oldest = drops_by_job_.begin();
+      for (auto j = drops_by_job_.begin(); j != drops_by_job_.end(); ++j) {
+        if (j->second.last_seen < oldest->second.last_seen) oldest = j;
+      }
+      if (oldest == drops_by_job_.end()) return;  // max_drop_jobs == 0
+      drops_by_job_.erase(oldest);
+    }
+    it = drops_by_job_.emplace(job, JobDrops{}).first;
+  }
+  it->second.dropped += dropped;
+  it->second.last_seen = seq;
+}
+
+void IngestServer::Handle(const char* data, size_t size, bool truncated, pid_t pid,
+                          Transport transport) {
+  std::atomic<uint64_t>& messages =
+      transport == Transport::kDatagram ? datagrams_ : seqpacket_messages_;
   std::optional<Rejection> rejection;
   v1::StepEvent event;
+  ClientReport report;
   if (truncated) {
     rejection = Rejection{RejectReason::kTooLarge,
-                          absl::StrCat("datagram exceeds ", kMaxDatagramBytes, " bytes")};
+                          absl::StrCat("message exceeds ", kMaxDatagramBytes, " bytes")};
   } else {
-    rejection = ParseStepEvent(absl::string_view(data, size), &event);
+    rejection = ParseStepEvent(absl::string_view(data, size), &event, &report);
   }
   if (!rejection) {
     switch (owners_.Claim(event.job(), event.rank(), pid)) {
@@ -258,9 +455,9 @@ void IngestServer::Handle(const char* data, size_t size, bool truncated, pid_t p
   }
   if (rejection) {
     rejected_[static_cast<int>(rejection->reason)].fetch_add(1, std::memory_order_relaxed);
-    // Counted after its verdict (release; Stats() loads with acquire): whoever sees N datagrams
+    // Counted after its verdict (release; Stats() loads with acquire): whoever sees N messages
     // also sees how each of the N was classified.
-    datagrams_.fetch_add(1, std::memory_order_release);
+    messages.fetch_add(1, std::memory_order_release);
     uint64_t suppressed = 0;
     if (reject_log_limiter_.Allow(&suppressed)) {
       SW_LOG_WARNING << "rejected step event from pid " << pid << " ("
@@ -273,8 +470,11 @@ void IngestServer::Handle(const char* data, size_t size, bool truncated, pid_t p
   }
   event.set_pid(pid);
   event.set_received_unix_nanos(clock_->NowUnixNanos());
+  // Every job gets its series, 0 included; only accepted events count (a forger cannot inflate
+  // another job's figure).
+  CountClientDrops(event.job(), report.dropped);
   accepted_.fetch_add(1, std::memory_order_relaxed);
-  datagrams_.fetch_add(1, std::memory_order_release);
+  messages.fetch_add(1, std::memory_order_release);
   sink_(std::move(event));
 }
 

@@ -1,19 +1,27 @@
-// The agent's local ingest: a Unix datagram socket that training processes send step events to.
-// Never blocks a sender (datagrams; a full receive buffer makes the sender's non-blocking send
-// fail, not wait), never crashes on bad input: rejected datagrams are counted by reason and logged
-// at a bounded rate.
+// The agent's local ingest: a Unix datagram socket that training processes send step events to,
+// and beside it a Unix SOCK_SEQPACKET socket carrying the same messages (one JSON object per
+// packet) over a connection per client. The kernel queues at most net.unix.max_dgram_qlen
+// datagrams on the datagram socket (10 by default), so a burst of ranks finishing a step together
+// overflows it; a connection's queue is bounded by the sender's buffer bytes instead. Never blocks
+// a sender (a full queue makes the sender's non-blocking send fail, not wait), never crashes on
+// bad input: rejected messages are counted by reason and logged at a bounded rate.
 #pragma once
 
 #include <sys/types.h>
+#include <sys/un.h>
 
 #include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "agent/rank_owners.h"
 #include "agent/step_event_parser.h"
@@ -25,6 +33,14 @@ namespace stepwatch::agent {
 
 struct IngestServerOptions {
   std::string socket_path = "/run/stepwatch/agent.sock";
+  // The SOCK_SEQPACKET socket (same mode, group and sender checks); empty: none. Clients look for
+  // SeqpacketPathFor(socket_path).
+  std::string seqpacket_path;
+  // Most open seqpacket connections; further ones are accepted and closed at once, and counted.
+  int max_connections = 512;
+  // Most jobs whose client-reported drops are kept apart; beyond it the least recently seen job
+  // is forgotten (its series disappears).
+  size_t max_drop_jobs = 256;
   // Mode of the socket file. 0660: only the agent's user and `socket_group` may send; 0666 lets
   // any local user send (and forge steps of jobs that are not theirs).
   mode_t socket_mode = 0660;
@@ -42,12 +58,27 @@ struct IngestServerOptions {
   const Clock* clock = nullptr;
 };
 
+// Where clients look for the seqpacket socket of the agent at `socket_path`; empty when that path
+// would not fit in a socket address (clients then use datagrams only).
+inline std::string SeqpacketPathFor(const std::string& socket_path) {
+  std::string path = socket_path + ".seq";
+  return path.size() < sizeof(sockaddr_un{}.sun_path) ? path : std::string();
+}
+
 struct IngestStats {
+  // Messages read from the datagram socket, and from seqpacket connections.
   uint64_t datagrams_total = 0;
+  uint64_t seqpacket_messages_total = 0;
   uint64_t events_accepted_total = 0;
   std::array<uint64_t, kRejectReasonCount> rejected_total{};
   // recv errors other than "nothing to read".
   uint64_t receive_errors_total = 0;
+  uint64_t connections_accepted_total = 0;
+  // Connections closed at once because max_connections were open.
+  uint64_t connections_refused_total = 0;
+  uint64_t connections_open = 0;
+  // Per job: events the clients reported they failed to send (the "dropped" field), by job name.
+  std::vector<std::pair<std::string, uint64_t>> client_dropped_by_job;
 };
 
 class IngestServer {
@@ -55,8 +86,8 @@ class IngestServer {
   // Receives every valid event, on the receive thread; must be quick and must not block.
   using Sink = std::function<void(v1::StepEvent&& event)>;
 
-  // Binds the socket (creating the parent directory and replacing a stale socket file) and starts
-  // the receive thread. Fails when the path is taken by a live socket or by something else.
+  // Binds the sockets (creating the parent directory and replacing stale socket files) and starts
+  // the receive thread. Fails when a path is taken by a live socket or by something else.
   static absl::StatusOr<std::unique_ptr<IngestServer>> Start(const IngestServerOptions& options,
                                                              Sink sink);
 
@@ -64,25 +95,44 @@ class IngestServer {
   IngestServer(const IngestServer&) = delete;
   IngestServer& operator=(const IngestServer&) = delete;
 
-  // Stops the receive thread and removes the socket file. Idempotent.
+  // Stops the receive thread, closes the connections and removes the socket files. Idempotent.
   void Stop();
 
   const std::string& socket_path() const { return options_.socket_path; }
+  // Empty when there is no seqpacket socket.
+  const std::string& seqpacket_path() const { return options_.seqpacket_path; }
   // The receive buffer the kernel granted (getsockopt reports twice the usable size).
   int receive_buffer_bytes() const { return granted_rcvbuf_; }
   IngestStats stats() const;
 
  private:
-  IngestServer(const IngestServerOptions& options, Sink sink, int fd, int wake_fd);
+  enum class Transport { kDatagram, kSeqpacket };
+  struct Fds {
+    int datagram = -1;
+    int seqpacket = -1;  // listening
+    int wake = -1;
+    int epoll = -1;
+  };
+
+  IngestServer(const IngestServerOptions& options, Sink sink, Fds fds);
   void Run();
-  void Handle(const char* data, size_t size, bool truncated, pid_t pid);
+  // Receive buffers of the receive thread (ingest_server.cc).
+  struct Buffers;
+  void DrainDatagrams(Buffers* b);
+  void Accept();
+  // Reads what a connection has queued; false when it is closed (EOF or error).
+  bool DrainConnection(int fd, pid_t peer_pid, char* buffer);
+  void CloseConnection(int fd);
+  void Handle(const char* data, size_t size, bool truncated, pid_t pid, Transport transport);
+  void CountClientDrops(const std::string& job, uint64_t dropped);
 
   const IngestServerOptions options_;
   const Sink sink_;
   const SystemClock system_clock_;
   const Clock* clock_;
-  int fd_ = -1;
-  int wake_fd_ = -1;
+  Fds fds_;
+  // Open connections -> the peer's pid (SO_PEERCRED); receive thread only.
+  absl::flat_hash_map<int, pid_t> connections_;
   int granted_rcvbuf_ = 0;
   std::thread thread_;
   std::atomic<bool> stopping_{false};
@@ -93,6 +143,18 @@ class IngestServer {
   std::atomic<uint64_t> accepted_{0};
   std::array<std::atomic<uint64_t>, kRejectReasonCount> rejected_{};
   std::atomic<uint64_t> receive_errors_{0};
+  std::atomic<uint64_t> seqpacket_messages_{0};
+  std::atomic<uint64_t> connections_accepted_{0};
+  std::atomic<uint64_t> connections_refused_{0};
+  std::atomic<uint64_t> connections_open_{0};
+
+  struct JobDrops {
+    uint64_t dropped = 0;
+    uint64_t last_seen = 0;  // event sequence number, for forgetting the least recent job
+  };
+  mutable std::mutex drops_mu_;
+  absl::flat_hash_map<std::string, JobDrops> drops_by_job_;  // guarded by drops_mu_
+  uint64_t drop_sequence_ = 0;                               // guarded by drops_mu_
 };
 
 }  // namespace stepwatch::agent

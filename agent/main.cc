@@ -84,6 +84,12 @@ ABSL_FLAG(double, shutdown_timeout, 2.0,
           "On SIGINT/SIGTERM, seconds to wait for the collector to acknowledge the last batches.");
 ABSL_FLAG(int64_t, receive_buffer_bytes, 16 << 20,
           "Requested kernel receive buffer of the ingest socket (absorbs bursts of step events).");
+ABSL_FLAG(std::string, seqpacket_socket, "",
+          "Unix SOCK_SEQPACKET socket taking the same step events over a connection per client "
+          "(no loss in bursts, unlike the datagram queue). Default: --socket plus \".seq\", "
+          "where clients look for it; \"none\": datagrams only. Same mode and group as --socket.");
+ABSL_FLAG(int64_t, max_connections, 512,
+          "Most open connections on --seqpacket-socket; more are refused and counted.");
 
 namespace {
 
@@ -149,7 +155,7 @@ int main(int argc, char** argv) {
         absl::StrCat("--metrics-listen must be HOST:PORT or :PORT, got \"", metrics_listen, "\""));
   }
   if (!metrics_listen.empty()) {
-    // Checked before anything starts: civetweb reports a busy port only as log noise.
+    // Checked before anything starts: a busy port must fail the start, not only log.
     if (absl::Status st = stepwatch::CheckCanListen(metrics_listen); !st.ok()) {
       stepwatch::StartupError(
           spec.program, absl::StrCat("--metrics-listen=", metrics_listen, ": ", st.message()));
@@ -294,6 +300,18 @@ int main(int argc, char** argv) {
     }
   }
   ingest_options.receive_buffer_bytes = static_cast<int>(rcvbuf);
+  {
+    const std::string seqpacket = absl::GetFlag(FLAGS_seqpacket_socket);
+    if (seqpacket != "none") {
+      ingest_options.seqpacket_path =
+          seqpacket.empty() ? agent::SeqpacketPathFor(socket_path) : seqpacket;
+    }
+    const int64_t max_connections = absl::GetFlag(FLAGS_max_connections);
+    if (max_connections < 1 || max_connections > 65536) {
+      UsageError("--max-connections must be between 1 and 65536");
+    }
+    ingest_options.max_connections = static_cast<int>(max_connections);
+  }
   absl::StatusOr<std::unique_ptr<agent::IngestServer>> ingest = agent::IngestServer::Start(
       ingest_options, [&shipper](v1::StepEvent&& event) { shipper.AddStep(std::move(event)); });
   if (!ingest.ok()) {
@@ -325,6 +343,9 @@ int main(int argc, char** argv) {
   }
 
   SW_LOG_INFO << "stepwatch-agent ready: node " << node << ", listening on " << socket_path
+              << ((*ingest)->seqpacket_path().empty()
+                      ? std::string()
+                      : absl::StrCat(" and ", (*ingest)->seqpacket_path()))
               << " (receive buffer " << (*ingest)->receive_buffer_bytes() << " bytes), shipping to "
               << collector << " every " << absl::FormatDuration(interval) << " (agent_id "
               << shipper_options.agent_id << ", boot_id " << shipper.boot_id() << ")";

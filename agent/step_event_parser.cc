@@ -57,6 +57,7 @@ enum FieldId {
   kDpRank,
   kPpStage,
   kTpRank,
+  kDropped,
   kFieldCount,
 };
 
@@ -84,6 +85,8 @@ constexpr FieldSpec kFields[kFieldCount] = {
     {"dp_rank", "dpRank", Kind::kInt32, false, Bound::kNonNegative},
     {"pp_stage", "ppStage", Kind::kInt32, false, Bound::kNonNegative},
     {"tp_rank", "tpRank", Kind::kInt32, false, Bound::kNonNegative},
+    // Not part of the step: the client's count of events it failed to send (ClientReport).
+    {"dropped", "dropped", Kind::kInt64, false, Bound::kNonNegative},
 };
 
 int FindField(absl::string_view key) {
@@ -355,8 +358,10 @@ class FlatScanner {
 
 namespace {
 
-std::optional<Rejection> Parse(absl::string_view datagram, bool fast_path, v1::StepEvent* event) {
+std::optional<Rejection> Parse(absl::string_view datagram, bool fast_path, v1::StepEvent* event,
+                               ClientReport* report) {
   event->Clear();
+  if (report != nullptr) *report = ClientReport{};
   if (datagram.size() > kMaxDatagramBytes) {
     return Reject(RejectReason::kTooLarge, absl::StrCat("datagram of ", datagram.size(),
                                                         " bytes exceeds ", kMaxDatagramBytes));
@@ -431,18 +436,22 @@ std::optional<Rejection> Parse(absl::string_view datagram, bool fast_path, v1::S
   if (slots[kDpRank].present) event->set_dp_rank(static_cast<int32_t>(slots[kDpRank].integer));
   if (slots[kPpStage].present) event->set_pp_stage(static_cast<int32_t>(slots[kPpStage].integer));
   if (slots[kTpRank].present) event->set_tp_rank(static_cast<int32_t>(slots[kTpRank].integer));
+  if (report != nullptr && slots[kDropped].present) {
+    report->dropped = static_cast<uint64_t>(slots[kDropped].integer);
+  }
   return std::nullopt;
 }
 
 }  // namespace
 
-std::optional<Rejection> ParseStepEvent(absl::string_view datagram, v1::StepEvent* event) {
-  return Parse(datagram, /*fast_path=*/true, event);
+std::optional<Rejection> ParseStepEvent(absl::string_view datagram, v1::StepEvent* event,
+                                        ClientReport* report) {
+  return Parse(datagram, /*fast_path=*/true, event, report);
 }
 
 std::optional<Rejection> ParseStepEventWithoutFastPath(absl::string_view datagram,
-                                                       v1::StepEvent* event) {
-  return Parse(datagram, /*fast_path=*/false, event);
+                                                       v1::StepEvent* event, ClientReport* report) {
+  return Parse(datagram, /*fast_path=*/false, event, report);
 }
 
 }  // namespace stepwatch::agent

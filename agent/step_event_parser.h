@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -44,14 +45,24 @@ inline constexpr double kMaxStepSeconds = 86400;
 inline constexpr int64_t kMaxWorldSize = 1 << 20;
 inline constexpr int64_t kMaxGpuIndex = 1023;
 
+// What a message says about its sender rather than about the step.
+struct ClientReport {
+  // The optional "dropped" field: events the client failed to send since its last message that
+  // left (0 when absent: older clients do not send it).
+  uint64_t dropped = 0;
+};
+
 // Parses one datagram into `*event` (which is cleared first). Returns nullopt when the datagram is
 // valid. snake_case and lowerCamelCase field names are both accepted, unknown fields are ignored,
 // and the agent-owned fields (pid, received_unix_nanos) are never taken from the sender.
-std::optional<Rejection> ParseStepEvent(absl::string_view datagram, v1::StepEvent* event);
+// `report` (may be null) receives the sender's own counters.
+std::optional<Rejection> ParseStepEvent(absl::string_view datagram, v1::StepEvent* event,
+                                        ClientReport* report = nullptr);
 
 // The same verdicts through the general JSON parser only (ParseStepEvent takes a faster path for
 // flat, plain-ASCII objects). For tests that compare the two, and for benchmarks.
 std::optional<Rejection> ParseStepEventWithoutFastPath(absl::string_view datagram,
-                                                       v1::StepEvent* event);
+                                                       v1::StepEvent* event,
+                                                       ClientReport* report = nullptr);
 
 }  // namespace stepwatch::agent

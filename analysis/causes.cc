@@ -5,33 +5,43 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "analysis/finding.h"
 
 namespace stepwatch::analysis {
 namespace {
 
-// An SM clock under this share of its maximum is a slowdown.
-constexpr double kLowClock = 0.95;
-// A power draw at this share of its limit is at the cap.
-constexpr double kAtPowerCap = 0.97;
-
-bool LowClock(const GpuReading& x) {
+bool LowClock(const GpuReading& x, double low_clock_ratio) {
   return x.sm_clock_mhz && x.sm_clock_max_mhz && *x.sm_clock_max_mhz > 0 &&
-         *x.sm_clock_mhz < kLowClock * *x.sm_clock_max_mhz;
+         *x.sm_clock_mhz < low_clock_ratio * *x.sm_clock_max_mhz;
 }
 
 }  // namespace
+
+std::vector<std::string> DecodeThrottleReasons(uint64_t mask) {
+  // NVML clocks-throttle-reason bits; idle, application clocks, sync boost and display clock
+  // settings are not slowdowns and are left out.
+  std::vector<std::string> out;
+  auto add = [&out](const char* s) {
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.emplace_back(s);
+  };
+  if (mask & 0x20ull || mask & 0x40ull) add("thermal throttling");
+  if (mask & 0x4ull) add("power capping");
+  if (mask & 0x80ull) add("power brake");
+  if (mask & 0x8ull) add("hardware slowdown");
+  return out;
+}
 
 void AddCause(Cause c, std::vector<Cause>* causes) {
   if (std::find(causes->begin(), causes->end(), c) == causes->end()) causes->push_back(c);
 }
 
-Evidence GpuSlowdowns(const GpuReading& x) {
+Evidence GpuSlowdowns(const GpuReading& x, const EngineOptions& opt) {
   Evidence ev;
   const uint64_t mask = x.throttle_reasons.value_or(0);
   if (mask & (0x20ull | 0x40ull)) AddCause(Cause::kThermalThrottling, &ev.causes);
   if (mask & (0x4ull | 0x80ull)) AddCause(Cause::kPowerThrottling, &ev.causes);
   if (mask & 0x8ull) AddCause(Cause::kHardwareSlowdown, &ev.causes);
-  const bool low_clock = LowClock(x);
+  const bool low_clock = LowClock(x, opt.low_clock_ratio);
   if (low_clock && ev.causes.empty()) ev.causes.push_back(Cause::kLowClocks);
   std::string clock;
   if (low_clock) {
@@ -47,7 +57,7 @@ Evidence GpuSlowdowns(const GpuReading& x) {
   }
   const bool capped = std::find(reasons.begin(), reasons.end(), "power capping") != reasons.end();
   if (x.power_watts && x.power_limit_watts && *x.power_limit_watts > 0 &&
-      *x.power_watts >= kAtPowerCap * *x.power_limit_watts && !capped) {
+      *x.power_watts >= opt.power_cap_ratio * *x.power_limit_watts && !capped) {
     AddCause(Cause::kPowerThrottling, &ev.causes);
     ev.texts.push_back(
         absl::StrFormat("at power cap (%.0f of %.0f W)", *x.power_watts, *x.power_limit_watts));
@@ -55,9 +65,49 @@ Evidence GpuSlowdowns(const GpuReading& x) {
   return ev;
 }
 
-bool AtFullSpeed(const GpuReading& x) {
+bool AtFullSpeed(const GpuReading& x, const EngineOptions& opt) {
   const bool clocks_known = x.sm_clock_mhz.has_value() || x.throttle_reasons.has_value();
-  return clocks_known && GpuSlowdowns(x).causes.empty();
+  return clocks_known && GpuSlowdowns(x, opt).causes.empty();
+}
+
+std::optional<double> SaturatedHostCpu(const std::map<std::string, HostReading>& hosts,
+                                       const std::string& node, const EngineOptions& opt) {
+  auto hit = hosts.find(node);
+  if (hit == hosts.end() || !hit->second.cpu_utilization_ratio ||
+      *hit->second.cpu_utilization_ratio < opt.host_cpu_saturated) {
+    return std::nullopt;
+  }
+  std::vector<double> all;
+  for (const auto& [name, host] : hosts) {
+    if (host.cpu_utilization_ratio) all.push_back(*host.cpu_utilization_ratio);
+  }
+  std::nth_element(all.begin(), all.begin() + all.size() / 2, all.end());
+  const double median = all[all.size() / 2];
+  if (all.size() > 1 && *hit->second.cpu_utilization_ratio - median < opt.host_cpu_above_median) {
+    return std::nullopt;
+  }
+  return *hit->second.cpu_utilization_ratio;
+}
+
+Evidence DeviceEvidence(const GpuInfo* g, const std::map<std::string, HostReading>& hosts,
+                        const std::string& node, const EngineOptions& opt) {
+  Evidence ev;
+  if (g != nullptr) {
+    ev = GpuSlowdowns(g->last, opt);
+    if (g->has_value && g->value < opt.underutil_threshold) {
+      ev.texts.push_back(absl::StrCat("GPU utilization ", Percent(g->value)));
+    }
+  }
+  if (std::optional<double> cpu = SaturatedHostCpu(hosts, node, opt)) {
+    AddCause(Cause::kHostCpu, &ev.causes);
+    ev.texts.push_back(absl::StrCat("host CPU ", Percent(*cpu)));
+  }
+  return ev;
+}
+
+bool FullSpeedAndBusy(const GpuInfo* g, const EngineOptions& opt) {
+  return g != nullptr && AtFullSpeed(g->last, opt) && g->has_value &&
+         g->value >= opt.underutil_threshold;
 }
 
 bool IsDeviceCause(Cause c) {

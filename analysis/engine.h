@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -237,6 +238,40 @@ struct EngineOptions {
   int max_pending_steps = 64;
   // At most this many ranks listed in one finding's `ranks`.
   int max_finding_ranks = 256;
+
+  // A slow rank or node is critical at this ratio of its busy time to its peers' median.
+  double critical_ratio = 1.5;
+  // Regression: the recent window and the reference before it, in complete steps.
+  int regression_window = 16;
+  int regression_reference = 48;
+  // Scaling efficiency is recomputed every this many complete steps of a job.
+  int scaling_every_steps = 8;
+  // Job names kept in the scaling history (it outlives jobs); beyond it the name least recently
+  // updated is forgotten, so per-run job names cannot grow it without bound.
+  int max_scaling_history_jobs = 10000;
+  // Device evidence: an SM clock under this share of its maximum is low; a power draw at this
+  // share of its limit is at the cap.
+  double low_clock_ratio = 0.95;
+  double power_cap_ratio = 0.97;
+  // A host CPU this busy is saturated; to explain one slow rank or node it must also be this far
+  // above the median host's.
+  double host_cpu_saturated = 0.9;
+  double host_cpu_above_median = 0.1;
+  // Causes of an underutilized GPU: memory-bandwidth bound at this DRAM bandwidth, waiting for
+  // data at this share of the step, communication bound at this share of exposed communication
+  // plus imbalance.
+  double memory_bound_dram_ratio = 0.5;
+  double data_bound_share = 0.15;
+  double comm_bound_share = 0.3;
+};
+
+// Cumulative time one detector has spent in the engine (a steady-clock measurement for
+// monitoring the engine itself; verdicts never depend on it).
+struct DetectorTiming {
+  double seconds = 0;
+  // Calls: one per completed step, per job in each Advance and Findings(), per GPU reading, and
+  // one per Advance and Findings() for all GPUs together.
+  int64_t runs = 0;
 };
 
 class Engine {
@@ -280,6 +315,9 @@ class Engine {
   // caller in a state file so that it survives restarts.
   std::string SerializeScalingHistory() const;
   absl::Status LoadScalingHistory(absl::string_view data);
+
+  // Time spent per detector since the engine was made, by detector name.
+  std::map<std::string, DetectorTiming> DetectorTimings() const;
 
  private:
   class Impl;

@@ -4,17 +4,29 @@
 // twice. Each (agent_id, boot_id) stream keeps a contiguous watermark W: every seq <= W has been
 // received (or was given up by the agent, see base_seq). Seqs above W that arrived out of order are
 // remembered until the gap below them closes.
+//
+// With a journal file (the collector's --state-dir) the record of applied batches survives the
+// collector: every applied batch is appended and fdatasync'ed before it is acknowledged, and the
+// next process replays the file, so a batch applied just before a crash is not counted again when
+// the agent resends it.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <list>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 
 namespace stepwatch::collector {
 
@@ -24,6 +36,57 @@ struct DeduperOptions {
   // Out-of-order seqs remembered above the watermark per stream; beyond this the watermark jumps
   // over the oldest gap (those batches are treated as lost).
   size_t max_pending_per_stream = 4096;
+  // Journal of applied batches; empty keeps the state in memory only.
+  std::string journal_path;
+  // The journal is rewritten as a snapshot of the live state once this many records, and at least
+  // as many as the last snapshot held, were appended since: its size stays within about twice the
+  // snapshot (bounded by max_streams and max_pending_per_stream) plus this many records.
+  size_t compact_after_records = 65536;
+};
+
+// The journal file: a magic header, then records of one Observe each (agent_id, boot_id, seq,
+// base_seq), each with its length and checksum so that a torn tail is recognised and cut.
+class DedupeJournal {
+ public:
+  struct Record {
+    std::string agent_id;
+    std::string boot_id;
+    uint64_t seq = 0;
+    uint64_t base_seq = 0;
+  };
+
+  explicit DedupeJournal(std::string path) : path_(std::move(path)) {}
+  ~DedupeJournal();
+  DedupeJournal(const DedupeJournal&) = delete;
+  DedupeJournal& operator=(const DedupeJournal&) = delete;
+
+  // The valid records of the file (none when it does not exist); `*torn` is set when a damaged
+  // tail was ignored.
+  absl::StatusOr<std::vector<Record>> Read(bool* torn) const;
+  // Replaces the file by these records (temporary file, fdatasync, rename, directory fsync) and
+  // keeps it open for Append.
+  absl::Status Rewrite(const std::vector<Record>& records);
+  // Appends one record (one write(): a killed process leaves all of it or none) and returns the
+  // position to pass to SyncTo.
+  absl::StatusOr<uint64_t> Append(const Record& record);
+  // fdatasyncs what was appended up to `position`, unless a concurrent caller already did: one
+  // sync serves every batch appended before it (group commit). Thread-safe: called without the
+  // lock that serialises Append and Rewrite.
+  absl::Status SyncTo(uint64_t position);
+
+  const std::string& path() const { return path_; }
+  uint64_t bytes() const { return bytes_; }
+
+  static std::string Encode(const Record& record);
+
+ private:
+  std::string path_;
+  absl::Mutex sync_mu_;
+  int fd_ = -1;  // replaced only under sync_mu_ (and the owner's lock)
+  uint64_t bytes_ = 0;
+  // Bytes ever written (rewrites included) and how many of them are known synced.
+  std::atomic<uint64_t> written_{0};
+  uint64_t synced_ ABSL_GUARDED_BY(sync_mu_) = 0;
 };
 
 class BatchDeduper {
@@ -36,15 +99,42 @@ class BatchDeduper {
 
   explicit BatchDeduper(DeduperOptions options = {});
 
+  // Replays the journal (options.journal_path) into this deduper and compacts it; call once,
+  // before the first Observe. Without a journal path: nothing.
+  absl::Status OpenJournal();
+
   // Records batch `seq` of a stream. `base_seq` is the lowest seq the agent still holds: anything
   // below it will never come again, so the watermark may move to base_seq - 1. Not thread-safe.
   Result Observe(absl::string_view agent_id, absl::string_view boot_id, uint64_t seq,
                  uint64_t base_seq);
 
+  // What a Commit leaves to do before the acknowledgement, outside the caller's lock: the
+  // fdatasync of its record. Valid while the deduper lives.
+  class Sync {
+   public:
+    absl::Status Wait() const { return journal_ ? journal_->SyncTo(position_) : absl::OkStatus(); }
+
+   private:
+    friend class BatchDeduper;
+    DedupeJournal* journal_ = nullptr;
+    uint64_t position_ = 0;
+  };
+
+  // Journals batch `seq` of a stream once it has been applied (call with the arguments Observe got
+  // when it was not a duplicate); `sync->Wait()` must then succeed before the acknowledgement goes
+  // out. Compacts the journal when it has grown enough. Without a journal: nothing.
+  absl::Status Commit(absl::string_view agent_id, absl::string_view boot_id, uint64_t seq,
+                      uint64_t base_seq, Sync* sync);
+
   // Forgets every stream of `agent_id` (used when its node expires).
   void ForgetAgent(absl::string_view agent_id);
 
   size_t stream_count() const { return streams_.size(); }
+  // Records appended to the journal since it was last rewritten, and its size.
+  size_t journal_records() const { return journal_records_; }
+  uint64_t journal_bytes() const { return journal_ ? journal_->bytes() : 0; }
+  // Commits that failed to reach the journal.
+  uint64_t journal_errors() const { return journal_errors_; }
 
  private:
   using Key = std::pair<std::string, std::string>;
@@ -55,10 +145,16 @@ class BatchDeduper {
   };
 
   static void Compact(Stream* s);
+  // The live state as journal records whose replay rebuilds it (least recently used first).
+  std::vector<DedupeJournal::Record> Snapshot() const;
 
   DeduperOptions options_;
   absl::flat_hash_map<Key, Stream> streams_;
   std::list<Key> lru_;  // front = most recently used
+  std::unique_ptr<DedupeJournal> journal_;
+  size_t journal_records_ = 0;   // appended since the last rewrite
+  size_t snapshot_records_ = 0;  // written by the last rewrite
+  uint64_t journal_errors_ = 0;
 };
 
 }  // namespace stepwatch::collector

@@ -26,7 +26,8 @@ ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
 ABSL_FLAG(std::string, state_dir, "",
           "Directory for the state file (scaling history per job name); it is loaded at start, "
           "written every --save_interval and at shutdown; finished jobs' reports go to "
-          "DIR/reports. Empty: nothing survives a restart.");
+          "DIR/reports; the batches applied (deduplication across restarts) to "
+          "DIR/dedupe.journal. Empty: nothing survives a restart.");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate (chain) of the collector: gRPC (Ingest and Query) is served over TLS "
           "1.2+. Watched and reloaded when it changes. Without it gRPC is plaintext (logged "
@@ -46,9 +47,13 @@ ABSL_FLAG(std::string, metrics_basic_auth_file, "",
           "File of \"USER:BCRYPT_HASH\" lines (htpasswd -nB USER): /metrics asks for HTTP basic "
           "auth. Re-read when it changes. Empty: no authentication. For TLS, put a terminating "
           "proxy in front (docs/security.md).");
-ABSL_FLAG(int32_t, metrics_threads, 8,
-          "Threads serving /metrics; each holds one connection at a time, idle ones for at most "
-          "10 s.");
+ABSL_FLAG(int32_t, metrics_threads, 4,
+          "Threads verifying /metrics basic-auth passwords (bcrypt). Connections are served by "
+          "one event loop and rendering has its own thread, so idle or slow clients hold no "
+          "thread.");
+ABSL_FLAG(int32_t, metrics_max_connections, 1024,
+          "Open /metrics connections at most; at the cap the oldest one without a request in "
+          "progress is closed to make room (stepwatch_metrics_http_connections_closed_total).");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File of accepted bearer tokens, one \"ROLE TOKEN\" per line (ROLE: agent, may only "
           "report; reader, may only query; '#' starts a comment). Re-read when it changes. "
@@ -74,6 +79,27 @@ ABSL_FLAG(int32_t, max_ranks_per_job, 65536, "Most ranks tracked per job.");
 ABSL_FLAG(int32_t, max_nodes, 10000,
           "Most nodes tracked; further nodes' GPU/host data is dropped.");
 ABSL_FLAG(int32_t, max_gpus_per_node, 64, "Most GPUs tracked per node.");
+ABSL_FLAG(int32_t, max_memory_mib, -1,
+          "Memory budget in MiB for the jobs, ranks, nodes and GPUs tracked, each charged its "
+          "measured worst-case cost when first seen (a rank about 10 KiB at the default windows, "
+          "a GPU 1.5 KiB). Beyond it, new ones are refused and counted "
+          "(stepwatch_collector_limit_hits_total{limit=\"memory\"}); what is tracked keeps "
+          "being analysed. -1: half of the cgroup memory limit or of MemTotal, whichever is "
+          "smaller, clamped to [256, 16384]; 0: no budget.");
+ABSL_FLAG(int32_t, max_receive_message_mib, 8,
+          "Largest gRPC message (report batch or request) accepted, MiB; an agent's largest "
+          "batch is about 6.2 MB.");
+ABSL_FLAG(int32_t, max_concurrent_streams, 16,
+          "Most concurrent gRPC streams per connection (an agent holds one).");
+ABSL_FLAG(int32_t, grpc_memory_mib, 64,
+          "Memory gRPC may use for its transport buffers across all connections, MiB (a "
+          "resource quota); decoded batches are not counted in it.");
+ABSL_FLAG(int32_t, max_series, 100000,
+          "Most series on /metrics in all (0: no cap), the collector's own aside; filled in "
+          "order of importance (findings, flagged ranks, jobs, per-rank series, node up, GPU "
+          "utilization, SM activity, other node and GPU series, hosts), those left out counted "
+          "in stepwatch_collector_series_dropped_total{family}. The default keeps 10,000 nodes "
+          "of 8 GPUs under 10 MB.");
 ABSL_FLAG(int32_t, top_ranks, 5,
           "Per job, how many of the slowest ranks get per-rank series on /metrics "
           "(stepwatch_rank_busy_vs_median_ratio) besides every flagged rank; 0: flagged ranks "
@@ -143,7 +169,7 @@ int main(int argc, char** argv) {
       stepwatch::UsageError(spec.program, parsed.status().message());
     }
   }
-  // Before anything starts: gRPC and civetweb report a busy port only as log noise.
+  // Before anything starts: gRPC reports a busy port only as log noise.
   for (const auto& [flag, address] : listeners) {
     if (address.empty()) continue;
     if (absl::Status st = stepwatch::CheckCanListen(address); !st.ok()) {
@@ -169,6 +195,7 @@ int main(int argc, char** argv) {
   options.verify_node_identity = absl::GetFlag(FLAGS_verify_node_identity);
   options.metrics_endpoint.basic_auth_file = absl::GetFlag(FLAGS_metrics_basic_auth_file);
   options.metrics_endpoint.threads = absl::GetFlag(FLAGS_metrics_threads);
+  options.metrics_endpoint.max_connections = absl::GetFlag(FLAGS_metrics_max_connections);
   const std::pair<const char*, double> must_be_positive[] = {
       {"expire", absl::GetFlag(FLAGS_expire)},
       {"node_down_after", absl::GetFlag(FLAGS_node_down_after)},
@@ -201,7 +228,12 @@ int main(int argc, char** argv) {
       {"max_reports", absl::GetFlag(FLAGS_max_reports)},
       {"max_report_findings", absl::GetFlag(FLAGS_max_report_findings)},
       {"window_steps", absl::GetFlag(FLAGS_window_steps)},
+      {"max_receive_message_mib", absl::GetFlag(FLAGS_max_receive_message_mib)},
+      {"max_concurrent_streams", absl::GetFlag(FLAGS_max_concurrent_streams)},
+      {"grpc_memory_mib", absl::GetFlag(FLAGS_grpc_memory_mib)},
       {"straggler_window", absl::GetFlag(FLAGS_straggler_window)},
+      {"metrics_threads", absl::GetFlag(FLAGS_metrics_threads)},
+      {"metrics_max_connections", absl::GetFlag(FLAGS_metrics_max_connections)},
   };
   for (const auto& [name, value] : limits) {
     if (value <= 0) {
@@ -218,6 +250,11 @@ int main(int argc, char** argv) {
   options.tick_nanos = SecondsToNanos(absl::GetFlag(FLAGS_tick));
   options.save_interval_nanos = SecondsToNanos(absl::GetFlag(FLAGS_save_interval));
   options.metrics.max_finding_series = absl::GetFlag(FLAGS_max_finding_series);
+  options.metrics.max_series = std::max(0, absl::GetFlag(FLAGS_max_series));
+  options.max_receive_message_bytes = std::min(absl::GetFlag(FLAGS_max_receive_message_mib), 1024)
+                                      << 20;
+  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.grpc_memory_bytes = int64_t{absl::GetFlag(FLAGS_grpc_memory_mib)} << 20;
   stepwatch::collector::CollectorStateOptions& st = options.state;
   st.expire_nanos = SecondsToNanos(absl::GetFlag(FLAGS_expire));
   st.max_clock_skew_nanos = SecondsToNanos(absl::GetFlag(FLAGS_max_clock_skew));
@@ -226,8 +263,17 @@ int main(int argc, char** argv) {
   st.max_ranks_per_job = absl::GetFlag(FLAGS_max_ranks_per_job);
   st.max_nodes = absl::GetFlag(FLAGS_max_nodes);
   st.max_gpus_per_node = absl::GetFlag(FLAGS_max_gpus_per_node);
+  st.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_mib) < 0
+                            ? stepwatch::collector::DefaultMemoryBudgetBytes()
+                            : int64_t{absl::GetFlag(FLAGS_max_memory_mib)} << 20;
+  if (st.max_memory_bytes > 0) {
+    SW_LOG_INFO << "memory budget " << (st.max_memory_bytes >> 20) << " MiB (--max-memory-mib)";
+  }
   st.top_ranks_per_job = absl::GetFlag(FLAGS_top_ranks);
   if (!options.state_dir.empty()) st.reports.dir = absl::StrCat(options.state_dir, "/reports");
+  if (!options.state_dir.empty()) {
+    st.dedupe.journal_path = absl::StrCat(options.state_dir, "/dedupe.journal");
+  }
   st.reports.retention_nanos = SecondsToNanos(absl::GetFlag(FLAGS_report_retention));
   st.reports.max_reports = absl::GetFlag(FLAGS_max_reports);
   st.reports.max_findings_per_report = absl::GetFlag(FLAGS_max_report_findings);
@@ -244,7 +290,7 @@ int main(int argc, char** argv) {
   st.engine.straggler_rel_margin = absl::GetFlag(FLAGS_straggler_margin);
   st.engine.straggler_abs_margin_s = absl::GetFlag(FLAGS_straggler_min_seconds);
 
-  // Block the stop signals in every thread (gRPC and civetweb threads inherit this mask) and
+  // Block the stop signals in every thread (gRPC and /metrics threads inherit this mask) and
   // collect them with sigwait below.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);

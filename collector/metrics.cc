@@ -1,6 +1,7 @@
 #include "collector/metrics.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <string>
 #include <tuple>
@@ -16,9 +17,31 @@ using prometheus::MetricFamily;
 using prometheus::MetricType;
 using Labels = std::vector<ClientMetric::Label>;
 
-// Collects families in a fixed order; families that end up without samples are left out.
+// Collects families in a fixed order; families that end up without samples are left out. While a
+// group is set, each series counts against the total cap; one over it is dropped and counted under
+// the group instead.
 class Builder {
  public:
+  Builder(int max_series, SeriesDrops* dropped) : max_series_(max_series), dropped_(dropped) {}
+  // nullptr: series outside the cap (the collector's own health).
+  void SetGroup(const char* group) { group_ = group; }
+  // Whether one more series of the current group fits; counts it either way.
+  bool Room() {
+    if (group_ == nullptr) return true;
+    if (max_series_ <= 0 || series_ < max_series_) {
+      ++series_;
+      return true;
+    }
+    ++(*dropped_)[group_];
+    return false;
+  }
+  // Counts a series left out by another cap under `group`.
+  void Drop(const char* group) { ++(*dropped_)[group]; }
+  // Whether the total cap is reached: callers then count what they leave out without building it.
+  bool Full() const { return max_series_ > 0 && series_ >= max_series_; }
+  void DropCurrent(uint64_t n) {
+    if (n > 0) (*dropped_)[group_] += n;
+  }
   MetricFamily* Family(const std::string& name, const std::string& help, MetricType type) {
     auto it = index_.find(name);
     if (it != index_.end()) return &families_[it->second];
@@ -27,12 +50,14 @@ class Builder {
     return &families_.back();
   }
   void Gauge(const std::string& name, const std::string& help, Labels labels, double value) {
+    if (!Room()) return;
     ClientMetric m;
     m.label = std::move(labels);
     m.gauge.value = value;
     Family(name, help, MetricType::Gauge)->metric.push_back(std::move(m));
   }
   void Counter(const std::string& name, const std::string& help, Labels labels, double value) {
+    if (!Room()) return;
     ClientMetric m;
     m.label = std::move(labels);
     m.counter.value = value;
@@ -49,11 +74,16 @@ class Builder {
  private:
   std::vector<MetricFamily> families_;
   std::map<std::string, size_t> index_;
+  const int max_series_;
+  SeriesDrops* const dropped_;
+  const char* group_ = nullptr;
+  int series_ = 0;
 };
 
 std::string RankLabel(int rank) { return rank < 0 ? "" : absl::StrCat(rank); }
 
 void AddJobs(const StateSnapshot& s, Builder* b) {
+  b->SetGroup("job");
   for (const analysis::JobSnapshot& j : s.jobs) {
     const Labels job{{"job", j.job}};
     b->Gauge("stepwatch_job_step_seconds", "Recent median step time of the job.", job,
@@ -105,14 +135,18 @@ void AddJobs(const StateSnapshot& s, Builder* b) {
   }
 }
 
-void AddRanks(const StateSnapshot& s, Builder* b) {
+void AddRanks(const StateSnapshot& s, bool flagged, Builder* b) {
+  b->SetGroup("rank");
   for (const auto& [job, r] : s.top_ranks) {
     const Labels labels{{"job", job}, {"node", r.node}, {"rank", RankLabel(r.rank)}};
-    if (r.straggler) {
-      b->Gauge("stepwatch_straggler",
-               "1 while the rank is flagged: alone, in a slow node or in the slowest stage of an "
-               "imbalanced pipeline.",
-               labels, 1);
+    if (flagged) {
+      if (r.straggler) {
+        b->Gauge("stepwatch_straggler",
+                 "1 while the rank is flagged: alone, in a slow node or in the slowest stage of "
+                 "an imbalanced pipeline.",
+                 labels, 1);
+      }
+      continue;
     }
     b->Gauge("stepwatch_rank_busy_vs_median_ratio",
              "Busy time (data + compute) relative to the rank's peers' median, for every flagged "
@@ -126,128 +160,203 @@ void AddRanks(const StateSnapshot& s, Builder* b) {
 }
 
 void AddFindings(const StateSnapshot& s, const MetricsOptions& o, Builder* b) {
+  b->SetGroup("finding");
+  // The counts first: complete even when the series of single findings are cut.
   std::map<std::tuple<std::string, std::string, std::string>, int> counts;
-  int finding_series = 0;
   for (const analysis::Finding& f : s.findings) {
-    const std::string kind = analysis::FindingKindName(f.kind);
-    const std::string severity = analysis::SeverityName(f.severity);
-    ++counts[{f.job, kind, severity}];
-    if (f.kind == analysis::FindingKind::kUnderutilizedGpu) {
-      b->Gauge("stepwatch_gpu_underutilized", "1 while the GPU is flagged underutilized.",
-               {{"gpu", RankLabel(f.gpu)}, {"job", f.job}, {"node", f.node}}, 1);
-    }
-    if (finding_series < o.max_finding_series) {
-      ++finding_series;
-      b->Gauge("stepwatch_finding",
-               "1 per active finding (bounded in number); cause is the primary cause, stage the "
-               "pipeline stage (empty when none).",
-               {{"cause", analysis::CauseName(f.cause)},
-                {"gpu", RankLabel(f.gpu)},
-                {"job", f.job},
-                {"kind", kind},
-                {"node", f.node},
-                {"rank", RankLabel(f.rank)},
-                {"severity", severity},
-                {"stage", RankLabel(f.stage)}},
-               1);
-    }
+    ++counts[{f.job, analysis::FindingKindName(f.kind), analysis::SeverityName(f.severity)}];
   }
   for (const auto& [key, n] : counts) {
     const auto& [job, kind, severity] = key;
     b->Gauge("stepwatch_findings", "Active findings by job, kind and severity.",
              {{"job", job}, {"kind", kind}, {"severity", severity}}, n);
   }
+  int finding_series = 0;
+  for (const analysis::Finding& f : s.findings) {
+    if (f.kind == analysis::FindingKind::kUnderutilizedGpu) {
+      b->Gauge("stepwatch_gpu_underutilized", "1 while the GPU is flagged underutilized.",
+               {{"gpu", RankLabel(f.gpu)}, {"job", f.job}, {"node", f.node}}, 1);
+    }
+    if (finding_series >= o.max_finding_series) {
+      b->Drop("finding");
+      continue;
+    }
+    ++finding_series;
+    b->Gauge("stepwatch_finding",
+             "1 per active finding (bounded in number); cause is the primary cause, stage the "
+             "pipeline stage (empty when none).",
+             {{"cause", analysis::CauseName(f.cause)},
+              {"gpu", RankLabel(f.gpu)},
+              {"job", f.job},
+              {"kind", analysis::FindingKindName(f.kind)},
+              {"node", f.node},
+              {"rank", RankLabel(f.rank)},
+              {"severity", analysis::SeverityName(f.severity)},
+              {"stage", RankLabel(f.stage)}},
+             1);
+  }
 }
 
-void AddNodes(const StateSnapshot& s, Builder* b) {
-  for (const NodeView& n : s.nodes) {
-    const Labels node{{"node", n.node}};
-    const bool up = s.now_unix_nanos - n.last_seen_unix_nanos <= s.node_down_nanos;
-    b->Gauge("stepwatch_node_up", "1 while the node's agent reports, 0 when it went quiet.", node,
-             up ? 1 : 0);
-    b->Gauge("stepwatch_node_last_seen_timestamp_seconds",
-             "When the node's agent last reported, Unix seconds.", node,
-             n.last_seen_unix_nanos / 1e9);
-    b->Gauge("stepwatch_node_nvml_available", "1 when the node's agent could load NVML.", node,
-             n.info.nvml_available() ? 1 : 0);
-    for (const v1::GpuSample& g : n.gpus) {
-      const Labels gl{{"gpu", absl::StrCat(g.index())}, {"node", n.node}};
-      auto opt = [&](bool has, const char* name, const char* help, double v) {
-        if (has) b->Gauge(name, help, gl, v);
-      };
-      opt(g.has_utilization_gpu_ratio(), "stepwatch_gpu_utilization_ratio",
-          "Fraction of time a kernel was running (NVML utilization.gpu).",
-          g.utilization_gpu_ratio());
-      opt(g.has_utilization_memory_ratio(), "stepwatch_gpu_memory_utilization_ratio",
-          "Fraction of time device memory was read or written.", g.utilization_memory_ratio());
-      opt(g.has_sm_activity_ratio(), "stepwatch_gpu_sm_activity_ratio", "SM activity (GPM), 0..1.",
-          g.sm_activity_ratio());
-      opt(g.has_dram_bandwidth_ratio(), "stepwatch_gpu_dram_bandwidth_ratio",
-          "DRAM bandwidth utilization (GPM), 0..1.", g.dram_bandwidth_ratio());
-      opt(g.has_tensor_activity_ratio(), "stepwatch_gpu_tensor_activity_ratio",
-          "Tensor core activity (GPM), 0..1.", g.tensor_activity_ratio());
-      opt(g.has_sm_clock_mhz(), "stepwatch_gpu_sm_clock_hertz", "SM clock.",
-          g.sm_clock_mhz() * 1e6);
-      opt(g.has_sm_clock_max_mhz(), "stepwatch_gpu_sm_clock_max_hertz", "Maximum SM clock.",
-          g.sm_clock_max_mhz() * 1e6);
-      opt(g.has_memory_used_bytes(), "stepwatch_gpu_memory_used_bytes", "Device memory used.",
-          static_cast<double>(g.memory_used_bytes()));
-      opt(g.has_memory_total_bytes(), "stepwatch_gpu_memory_total_bytes", "Device memory total.",
-          static_cast<double>(g.memory_total_bytes()));
-      opt(g.has_power_watts(), "stepwatch_gpu_power_watts", "Power draw.", g.power_watts());
-      opt(g.has_power_limit_watts(), "stepwatch_gpu_power_limit_watts", "Power limit.",
-          g.power_limit_watts());
-      opt(g.has_temperature_celsius(), "stepwatch_gpu_temperature_celsius", "GPU temperature.",
-          g.temperature_celsius());
-      opt(g.has_throttle_reasons(), "stepwatch_gpu_throttle_reasons",
-          "NVML clocks-throttle-reasons bitmask (0: not throttled).",
-          static_cast<double>(g.throttle_reasons()));
-      opt(g.has_pcie_tx_bytes_per_second(), "stepwatch_gpu_pcie_transmit_bytes_per_second",
-          "PCIe transmit throughput.", g.pcie_tx_bytes_per_second());
-      opt(g.has_pcie_rx_bytes_per_second(), "stepwatch_gpu_pcie_receive_bytes_per_second",
-          "PCIe receive throughput.", g.pcie_rx_bytes_per_second());
-      opt(g.has_nvlink_tx_bytes_per_second(), "stepwatch_gpu_nvlink_transmit_bytes_per_second",
-          "NVLink transmit throughput.", g.nvlink_tx_bytes_per_second());
-      opt(g.has_nvlink_rx_bytes_per_second(), "stepwatch_gpu_nvlink_receive_bytes_per_second",
-          "NVLink receive throughput.", g.nvlink_rx_bytes_per_second());
-      b->Gauge("stepwatch_gpu_processes", "Processes with a compute context on the GPU.", gl,
-               g.pids_size());
-    }
-    if (n.host.has_value()) {
-      const v1::HostSample& h = *n.host;
-      if (h.has_cpu_utilization_ratio()) {
-        b->Gauge("stepwatch_host_cpu_utilization_ratio", "Busy fraction of all CPUs.", node,
-                 h.cpu_utilization_ratio());
+// One per-GPU series: exported when the sample has the field.
+struct GpuSeries {
+  const char* name;
+  const char* help;
+  bool (*has)(const v1::GpuSample&);
+  double (*value)(const v1::GpuSample&);
+};
+
+// In order of importance: under the total cap, every GPU gets a series of a row before any GPU
+// gets one of the next.
+const GpuSeries kGpuSeries[] = {
+    {"stepwatch_gpu_utilization_ratio",
+     "Fraction of time a kernel was running (NVML utilization.gpu).",
+     [](const v1::GpuSample& g) { return g.has_utilization_gpu_ratio(); },
+     [](const v1::GpuSample& g) { return g.utilization_gpu_ratio(); }},
+    {"stepwatch_gpu_sm_activity_ratio", "SM activity (GPM), 0..1.",
+     [](const v1::GpuSample& g) { return g.has_sm_activity_ratio(); },
+     [](const v1::GpuSample& g) { return g.sm_activity_ratio(); }},
+    {"stepwatch_gpu_processes", "Processes with a compute context on the GPU.",
+     [](const v1::GpuSample&) { return true; },
+     [](const v1::GpuSample& g) { return static_cast<double>(g.pids_size()); }},
+    {"stepwatch_gpu_memory_utilization_ratio",
+     "Fraction of time device memory was read or written.",
+     [](const v1::GpuSample& g) { return g.has_utilization_memory_ratio(); },
+     [](const v1::GpuSample& g) { return g.utilization_memory_ratio(); }},
+    {"stepwatch_gpu_dram_bandwidth_ratio", "DRAM bandwidth utilization (GPM), 0..1.",
+     [](const v1::GpuSample& g) { return g.has_dram_bandwidth_ratio(); },
+     [](const v1::GpuSample& g) { return g.dram_bandwidth_ratio(); }},
+    {"stepwatch_gpu_tensor_activity_ratio", "Tensor core activity (GPM), 0..1.",
+     [](const v1::GpuSample& g) { return g.has_tensor_activity_ratio(); },
+     [](const v1::GpuSample& g) { return g.tensor_activity_ratio(); }},
+    {"stepwatch_gpu_sm_clock_hertz", "SM clock.",
+     [](const v1::GpuSample& g) { return g.has_sm_clock_mhz(); },
+     [](const v1::GpuSample& g) { return g.sm_clock_mhz() * 1e6; }},
+    {"stepwatch_gpu_sm_clock_max_hertz", "Maximum SM clock.",
+     [](const v1::GpuSample& g) { return g.has_sm_clock_max_mhz(); },
+     [](const v1::GpuSample& g) { return g.sm_clock_max_mhz() * 1e6; }},
+    {"stepwatch_gpu_memory_used_bytes", "Device memory used.",
+     [](const v1::GpuSample& g) { return g.has_memory_used_bytes(); },
+     [](const v1::GpuSample& g) { return static_cast<double>(g.memory_used_bytes()); }},
+    {"stepwatch_gpu_memory_total_bytes", "Device memory total.",
+     [](const v1::GpuSample& g) { return g.has_memory_total_bytes(); },
+     [](const v1::GpuSample& g) { return static_cast<double>(g.memory_total_bytes()); }},
+    {"stepwatch_gpu_power_watts", "Power draw.",
+     [](const v1::GpuSample& g) { return g.has_power_watts(); },
+     [](const v1::GpuSample& g) { return g.power_watts(); }},
+    {"stepwatch_gpu_power_limit_watts", "Power limit.",
+     [](const v1::GpuSample& g) { return g.has_power_limit_watts(); },
+     [](const v1::GpuSample& g) { return g.power_limit_watts(); }},
+    {"stepwatch_gpu_temperature_celsius", "GPU temperature.",
+     [](const v1::GpuSample& g) { return g.has_temperature_celsius(); },
+     [](const v1::GpuSample& g) { return g.temperature_celsius(); }},
+    {"stepwatch_gpu_throttle_reasons", "NVML clocks-throttle-reasons bitmask (0: not throttled).",
+     [](const v1::GpuSample& g) { return g.has_throttle_reasons(); },
+     [](const v1::GpuSample& g) { return static_cast<double>(g.throttle_reasons()); }},
+    {"stepwatch_gpu_pcie_transmit_bytes_per_second", "PCIe transmit throughput.",
+     [](const v1::GpuSample& g) { return g.has_pcie_tx_bytes_per_second(); },
+     [](const v1::GpuSample& g) { return g.pcie_tx_bytes_per_second(); }},
+    {"stepwatch_gpu_pcie_receive_bytes_per_second", "PCIe receive throughput.",
+     [](const v1::GpuSample& g) { return g.has_pcie_rx_bytes_per_second(); },
+     [](const v1::GpuSample& g) { return g.pcie_rx_bytes_per_second(); }},
+    {"stepwatch_gpu_nvlink_transmit_bytes_per_second", "NVLink transmit throughput.",
+     [](const v1::GpuSample& g) { return g.has_nvlink_tx_bytes_per_second(); },
+     [](const v1::GpuSample& g) { return g.nvlink_tx_bytes_per_second(); }},
+    {"stepwatch_gpu_nvlink_receive_bytes_per_second", "NVLink receive throughput.",
+     [](const v1::GpuSample& g) { return g.has_nvlink_rx_bytes_per_second(); },
+     [](const v1::GpuSample& g) { return g.nvlink_rx_bytes_per_second(); }},
+};
+
+// Rows [begin, end) of kGpuSeries for every GPU, row by row.
+void AddGpuRows(const StateSnapshot& s, size_t begin, size_t end, Builder* b) {
+  b->SetGroup("gpu");
+  for (size_t row = begin; row < end; ++row) {
+    const GpuSeries& series = kGpuSeries[row];
+    for (const NodeView& n : s.nodes) {
+      if (b->Full()) {
+        // Only counted: building 100,000s of label sets to drop them would slow every scrape.
+        b->DropCurrent(std::count_if(n.gpus.begin(), n.gpus.end(), series.has));
+        continue;
       }
-      b->Gauge("stepwatch_host_cpus", "Number of CPUs.", node, h.cpu_count());
-      if (h.has_memory_total_bytes()) {
-        b->Gauge("stepwatch_host_memory_total_bytes", "Host memory total.", node,
-                 static_cast<double>(h.memory_total_bytes()));
-      }
-      if (h.has_memory_available_bytes()) {
-        b->Gauge("stepwatch_host_memory_available_bytes", "Host memory available.", node,
-                 static_cast<double>(h.memory_available_bytes()));
-      }
-      if (h.has_network_receive_bytes_total()) {
-        b->Counter("stepwatch_host_network_receive_bytes_total",
-                   "Bytes received on non-loopback interfaces since boot.", node,
-                   static_cast<double>(h.network_receive_bytes_total()));
-      }
-      if (h.has_network_transmit_bytes_total()) {
-        b->Counter("stepwatch_host_network_transmit_bytes_total",
-                   "Bytes sent on non-loopback interfaces since boot.", node,
-                   static_cast<double>(h.network_transmit_bytes_total()));
-      }
-      if (h.has_memory_bandwidth_bytes_per_second()) {
-        b->Gauge("stepwatch_host_memory_bandwidth_bytes_per_second",
-                 "Host memory bandwidth (resctrl or perf uncore counters).", node,
-                 h.memory_bandwidth_bytes_per_second());
+      for (const v1::GpuSample& g : n.gpus) {
+        if (!series.has(g)) continue;
+        b->Gauge(series.name, series.help, {{"gpu", absl::StrCat(g.index())}, {"node", n.node}},
+                 series.value(g));
       }
     }
   }
 }
 
-void AddCollectorHealth(const StateSnapshot& s, Builder* b) {
+void AddNodes(const StateSnapshot& s, Builder* b) {
+  b->SetGroup("node");
+  for (const NodeView& n : s.nodes) {
+    const Labels node{{"node", n.node}};
+    const bool up = s.now_unix_nanos - n.last_seen_unix_nanos <= s.node_down_nanos;
+    b->Gauge("stepwatch_node_up", "1 while the node's agent reports, 0 when it went quiet.", node,
+             up ? 1 : 0);
+  }
+  // Utilization and SM activity of every GPU come before the rest of any node's series.
+  constexpr size_t kFirstGpuRows = 2;
+  AddGpuRows(s, 0, kFirstGpuRows, b);
+  b->SetGroup("node");
+  for (const NodeView& n : s.nodes) {
+    if (b->Full()) {
+      b->DropCurrent(2);
+      continue;
+    }
+    const Labels node{{"node", n.node}};
+    b->Gauge("stepwatch_node_last_seen_timestamp_seconds",
+             "When the node's agent last reported, Unix seconds.", node,
+             n.last_seen_unix_nanos / 1e9);
+    b->Gauge("stepwatch_node_nvml_available", "1 when the node's agent could load NVML.", node,
+             n.info.nvml_available() ? 1 : 0);
+  }
+  AddGpuRows(s, kFirstGpuRows, std::size(kGpuSeries), b);
+  b->SetGroup("host");
+  for (const NodeView& n : s.nodes) {
+    if (!n.host.has_value()) continue;
+    if (b->Full()) {
+      const v1::HostSample& h = *n.host;
+      b->DropCurrent(1 + h.has_cpu_utilization_ratio() + h.has_memory_total_bytes() +
+                     h.has_memory_available_bytes() + h.has_network_receive_bytes_total() +
+                     h.has_network_transmit_bytes_total() +
+                     h.has_memory_bandwidth_bytes_per_second());
+      continue;
+    }
+    const Labels node{{"node", n.node}};
+    const v1::HostSample& h = *n.host;
+    if (h.has_cpu_utilization_ratio()) {
+      b->Gauge("stepwatch_host_cpu_utilization_ratio", "Busy fraction of all CPUs.", node,
+               h.cpu_utilization_ratio());
+    }
+    b->Gauge("stepwatch_host_cpus", "Number of CPUs.", node, h.cpu_count());
+    if (h.has_memory_total_bytes()) {
+      b->Gauge("stepwatch_host_memory_total_bytes", "Host memory total.", node,
+               static_cast<double>(h.memory_total_bytes()));
+    }
+    if (h.has_memory_available_bytes()) {
+      b->Gauge("stepwatch_host_memory_available_bytes", "Host memory available.", node,
+               static_cast<double>(h.memory_available_bytes()));
+    }
+    if (h.has_network_receive_bytes_total()) {
+      b->Counter("stepwatch_host_network_receive_bytes_total",
+                 "Bytes received on non-loopback interfaces since boot.", node,
+                 static_cast<double>(h.network_receive_bytes_total()));
+    }
+    if (h.has_network_transmit_bytes_total()) {
+      b->Counter("stepwatch_host_network_transmit_bytes_total",
+                 "Bytes sent on non-loopback interfaces since boot.", node,
+                 static_cast<double>(h.network_transmit_bytes_total()));
+    }
+    if (h.has_memory_bandwidth_bytes_per_second()) {
+      b->Gauge("stepwatch_host_memory_bandwidth_bytes_per_second",
+               "Host memory bandwidth (resctrl or perf uncore counters).", node,
+               h.memory_bandwidth_bytes_per_second());
+    }
+  }
+}
+
+void AddCollectorHealth(const StateSnapshot& s, const SeriesDrops& dropped, Builder* b) {
+  b->SetGroup(nullptr);
   const CollectorCounters& c = s.counters;
   b->Counter("stepwatch_collector_batches_received_total", "Report batches received.", {},
              c.batches_received);
@@ -271,8 +380,9 @@ void AddCollectorHealth(const StateSnapshot& s, Builder* b) {
   b->Counter("stepwatch_collector_state_save_errors_total", "Failures to write the state file.", {},
              c.state_save_errors);
   const char* kLimitHits =
-      "Data dropped because a limit was reached: jobs, ranks_per_job, nodes, gpus_per_node.";
-  for (const char* limit : {"jobs", "ranks_per_job", "nodes", "gpus_per_node"}) {
+      "Data dropped because a limit was reached: jobs, ranks_per_job, nodes, gpus_per_node, "
+      "memory (new jobs, ranks, nodes and GPUs beyond --max-memory-mib).";
+  for (const char* limit : {"jobs", "ranks_per_job", "nodes", "gpus_per_node", "memory"}) {
     auto it = c.limit_hits.find(limit);
     b->Counter("stepwatch_collector_limit_hits_total", kLimitHits, {{"limit", limit}},
                it == c.limit_hits.end() ? 0 : it->second);
@@ -294,12 +404,18 @@ void AddCollectorHealth(const StateSnapshot& s, Builder* b) {
                it == c.refused.end() ? 0 : it->second);
   }
   const char* kSeriesDropped =
-      "Series left out of /metrics by a cap, summed over scrapes, by family: rank (the per-rank "
-      "series, --max-rank-series), finding (stepwatch_finding, --max-finding-series).";
-  b->Counter("stepwatch_collector_series_dropped_total", kSeriesDropped, {{"family", "rank"}},
-             c.rank_series_dropped);
-  b->Counter("stepwatch_collector_series_dropped_total", kSeriesDropped, {{"family", "finding"}},
-             c.finding_series_dropped);
+      "Series left out of /metrics by a cap, summed over scrapes, by family: rank (per-rank "
+      "series, --max-rank-series or --max-series), finding (stepwatch_finding, "
+      "--max-finding-series or --max-series), job, node, gpu, host (--max-series).";
+  for (const char* family : {"rank", "finding", "job", "node", "gpu", "host"}) {
+    uint64_t n = 0;
+    if (auto it = c.series_dropped.find(family); it != c.series_dropped.end()) n += it->second;
+    if (auto it = dropped.find(family); it != dropped.end()) n += it->second;
+    if (std::string(family) == "rank") n += c.rank_series_dropped;
+    if (std::string(family) == "finding") n += c.finding_series_dropped;
+    b->Counter("stepwatch_collector_series_dropped_total", kSeriesDropped, {{"family", family}},
+               static_cast<double>(n));
+  }
   b->Counter("stepwatch_collector_clock_skew_corrected_total",
              "Sender timestamps replaced by the collector's time because they were further than "
              "--max-clock-skew from its clock.",
@@ -313,27 +429,52 @@ void AddCollectorHealth(const StateSnapshot& s, Builder* b) {
            s.agents_connected);
   b->Gauge("stepwatch_collector_jobs", "Jobs tracked.", {}, s.jobs.size());
   b->Gauge("stepwatch_collector_nodes", "Nodes tracked.", {}, s.nodes.size());
+  b->Gauge("stepwatch_collector_memory_accounted_bytes",
+           "Bytes charged against the memory budget for the jobs, ranks, nodes and GPUs tracked.",
+           {}, static_cast<double>(s.memory_accounted_bytes));
+  b->Gauge("stepwatch_collector_memory_budget_bytes",
+           "The memory budget (--max-memory-mib); 0: none.", {},
+           static_cast<double>(s.memory_budget_bytes));
+  // Per detector, as node_exporter times each collector: a detector whose cost grows shows here.
+  for (const auto& [name, t] : s.detector_timings) {
+    b->Counter("stepwatch_engine_detector_seconds_total",
+               "Time the diagnosis engine spent in each detector.", {{"detector", name}},
+               t.seconds);
+    b->Counter("stepwatch_engine_detector_runs_total", "Calls of each detector.",
+               {{"detector", name}}, static_cast<double>(t.runs));
+  }
 }
 
 }  // namespace
 
 std::vector<MetricFamily> BuildMetricFamilies(const StateSnapshot& snapshot,
-                                              const MetricsOptions& options) {
-  Builder b;
-  AddJobs(snapshot, &b);
-  AddRanks(snapshot, &b);
+                                              const MetricsOptions& options, SeriesDrops* dropped) {
+  SeriesDrops local;
+  Builder b(options.max_series, &local);
+  // In order of importance, for the total cap.
   AddFindings(snapshot, options, &b);
+  AddRanks(snapshot, /*flagged=*/true, &b);
+  AddJobs(snapshot, &b);
+  AddRanks(snapshot, /*flagged=*/false, &b);
   AddNodes(snapshot, &b);
-  AddCollectorHealth(snapshot, &b);
+  AddCollectorHealth(snapshot, local, &b);
+  if (dropped != nullptr) {
+    for (const auto& [family, n] : local) (*dropped)[family] += n;
+  }
   return b.Take();
 }
 
 std::vector<MetricFamily> StateCollectable::Collect() const {
   StateSnapshot snapshot = state_->Snapshot();
-  const size_t cap = static_cast<size_t>(std::max(0, options_.max_finding_series));
-  if (snapshot.findings.size() > cap) finding_series_dropped_ += snapshot.findings.size() - cap;
-  snapshot.counters.finding_series_dropped = finding_series_dropped_.load();
-  return BuildMetricFamilies(snapshot, options_);
+  {
+    absl::MutexLock lock(&mu_);
+    snapshot.counters.series_dropped = dropped_;  // earlier scrapes'
+  }
+  SeriesDrops now;
+  std::vector<MetricFamily> families = BuildMetricFamilies(snapshot, options_, &now);
+  absl::MutexLock lock(&mu_);
+  for (const auto& [family, n] : now) dropped_[family] += n;
+  return families;
 }
 
 }  // namespace stepwatch::collector

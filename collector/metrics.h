@@ -3,11 +3,14 @@
 // nothing is kept per step.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "collector/state.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
@@ -18,11 +21,24 @@ struct MetricsOptions {
   // At most this many stepwatch_finding series (one per active finding); the counts per
   // (job, kind, severity) in stepwatch_findings are always complete.
   int max_finding_series = 1000;
+  // At most this many series in all (0: no cap), the collector's own health series aside. They
+  // are filled in order of importance: finding counts, findings and flagged ranks, job-level
+  // series, per-rank series, node up, every GPU's utilization then SM activity, the other node
+  // and GPU readings, host readings. The default keeps 10,000 nodes of 8 GPUs under 10 MB of
+  // exposition with every node's up and every GPU's utilization (docs/performance.md).
+  int max_series = 100000;
 };
 
-// Pure function of the snapshot, so that tests can check it without a server.
+// Series left out by a cap in one build, by family label ("rank", "finding", "job", "node",
+// "gpu", "host").
+using SeriesDrops = std::map<std::string, uint64_t>;
+
+// Pure function of the snapshot, so that tests can check it without a server. The series-dropped
+// counters show the snapshot's counters plus this build's drops, which are also added to
+// `*dropped` when it is not null.
 std::vector<prometheus::MetricFamily> BuildMetricFamilies(const StateSnapshot& snapshot,
-                                                          const MetricsOptions& options);
+                                                          const MetricsOptions& options,
+                                                          SeriesDrops* dropped = nullptr);
 
 class StateCollectable : public prometheus::Collectable {
  public:
@@ -33,8 +49,9 @@ class StateCollectable : public prometheus::Collectable {
  private:
   const CollectorState* const state_;
   const MetricsOptions options_;
-  // Findings left out of stepwatch_finding by max_finding_series, summed over scrapes.
-  mutable std::atomic<uint64_t> finding_series_dropped_{0};
+  // Series left out by max_finding_series and max_series, summed over scrapes.
+  mutable absl::Mutex mu_;
+  mutable SeriesDrops dropped_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace stepwatch::collector

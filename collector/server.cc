@@ -1,22 +1,25 @@
 #include "collector/server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <optional>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/file.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 
 namespace stepwatch::collector {
 namespace {
@@ -46,34 +49,42 @@ void LogSecurityPosture(const CollectorServerOptions& o, bool tokens) {
   }
 }
 
-// Opens and closes one TCP connection to the listener at host:port (an unspecified host means
-// loopback). Failures do not matter: it is only a wake-up.
-void WakeListener(const std::string& host, int port) {
-  const bool v6 = host.find(':') != std::string::npos;
-  std::string target = host;
-  if (host.empty() || host == "0.0.0.0") target = "127.0.0.1";
-  if (host == "::") target = "::1";
-  int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return;
-  if (v6) {
-    sockaddr_in6 addr{};
-    addr.sin6_family = AF_INET6;
-    addr.sin6_port = htons(static_cast<uint16_t>(port));
-    if (inet_pton(AF_INET6, target.c_str(), &addr.sin6_addr) == 1) {
-      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    }
-  } else {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    if (inet_pton(AF_INET, target.c_str(), &addr.sin_addr) == 1) {
-      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    }
+// The first number in a file (cgroup limits; "max" reads as none).
+std::optional<int64_t> ReadLimit(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return std::nullopt;
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &v) || v <= 0) return std::nullopt;
+  return v;
+}
+
+std::optional<int64_t> ReadMemTotal(const std::string& meminfo) {
+  absl::StatusOr<std::string> text = ReadFile(meminfo);
+  if (!text.ok()) return std::nullopt;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    if (!absl::ConsumePrefix(&line, "MemTotal:")) continue;
+    line = absl::StripAsciiWhitespace(line);
+    absl::ConsumeSuffix(&line, "kB");
+    int64_t kib = 0;
+    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &kib) && kib > 0) return kib * 1024;
   }
-  close(fd);
+  return std::nullopt;
 }
 
 }  // namespace
+
+int64_t DefaultMemoryBudgetBytes(const std::string& cgroup_root, const std::string& meminfo) {
+  constexpr int64_t kFloor = int64_t{256} << 20;
+  constexpr int64_t kCeiling = int64_t{16} << 30;
+  std::optional<int64_t> memory = ReadMemTotal(meminfo);
+  // cgroup v1 reports "no limit" as a huge number: the smaller of the two is what counts.
+  for (const char* file : {"/memory.max", "/memory/memory.limit_in_bytes"}) {
+    std::optional<int64_t> limit = ReadLimit(cgroup_root + file);
+    if (limit.has_value() && (!memory.has_value() || *limit < *memory)) memory = limit;
+  }
+  if (!memory.has_value()) return kFloor;
+  return std::clamp(*memory / 2, kFloor, kCeiling);
+}
 
 CollectorServer::CollectorServer(CollectorServerOptions options, const Clock* clock)
     : options_(std::move(options)), clock_(clock) {}
@@ -136,8 +147,12 @@ absl::Status CollectorServer::Init() {
   builder.RegisterService(query_.get());
   // Without this a second collector on the same port would silently share it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
-  builder.SetMaxSendMessageSize(options_.max_message_bytes);
+  builder.SetMaxReceiveMessageSize(options_.max_receive_message_bytes);
+  builder.SetMaxSendMessageSize(options_.max_send_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options_.max_concurrent_streams);
+  grpc::ResourceQuota quota("stepwatch-collector");
+  quota.Resize(static_cast<size_t>(options_.grpc_memory_bytes));
+  builder.SetResourceQuota(quota);
   // Agents ping to keep their long-lived stream alive through idle periods; accept pings every
   // 5 s or slower, even without data, instead of answering them with GOAWAY.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
@@ -226,20 +241,8 @@ void CollectorServer::Shutdown(int64_t grace_nanos) {
 }
 
 void CollectorServer::StopExposer() {
-  if (metrics_endpoint_ == nullptr) return;
-  // The HTTP server notices a stop request only when its listener wakes up, which it does every
-  // 2 s or on a connection: connect to it so that shutdown does not sit out the 2 s.
-  std::atomic<bool> stopped{false};
-  std::thread stopper([this, &stopped] {
-    metrics_endpoint_.reset();
-    stopped.store(true);
-  });
-  absl::StatusOr<HostPort> hp = ParseHostPort(options_.metrics_listen);
-  for (int i = 0; i < 100 && !stopped.load() && hp.ok(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    if (!stopped.load()) WakeListener(hp->host, metrics_port_);
-  }
-  stopper.join();
+  // Its destructor stops the event loop and joins its threads.
+  metrics_endpoint_.reset();
 }
 
 CollectorServer::~CollectorServer() { Shutdown(); }

@@ -35,7 +35,18 @@ struct CollectorServerOptions {
   int64_t tick_nanos = 1'000'000'000;
   // How often the state file is written (it is also written at shutdown).
   int64_t save_interval_nanos = 60'000'000'000;
-  int max_message_bytes = 64 << 20;
+  // Largest ReportBatch (or request) accepted: an agent's largest batch (16384 steps of 256-byte
+  // job names, 64 GPUs) is 6.2 MB, and concurrent big batches cannot size the collector's memory.
+  int max_receive_message_bytes = 8 << 20;
+  // Largest response: stepwatchctl status at 10,000 nodes of 8 GPUs needs a few MiB
+  // (docs/performance.md); stepwatchctl accepts 64 MiB.
+  int max_send_message_bytes = 64 << 20;
+  // Concurrent streams (calls) per connection; an agent holds one.
+  int max_concurrent_streams = 16;
+  // Memory gRPC may use for its transport buffers across all connections (grpc::ResourceQuota).
+  // Decoded batches are not counted in it: what concurrent batches hold is bounded by
+  // max_receive_message_bytes per stream (docs/performance.md).
+  int64_t grpc_memory_bytes = 64 << 20;
   // TLS for gRPC (plaintext when no certificate is given) and, optionally, client certificates.
   security::ServerTlsConfig tls;
   // With client certificates, a batch's node must be the certificate's identity. Off only where
@@ -48,6 +59,13 @@ struct CollectorServerOptions {
   CollectorStateOptions state;
   MetricsOptions metrics;
 };
+
+// The default --max-memory-mib rule: half of the memory limit of the collector's cgroup (v2
+// memory.max, v1 memory.limit_in_bytes) or of MemTotal when there is no limit or it is larger,
+// clamped to [256 MiB, 16 GiB]. `cgroup_root` and `meminfo` are injected for tests
+// ("/sys/fs/cgroup", "/proc/meminfo").
+int64_t DefaultMemoryBudgetBytes(const std::string& cgroup_root = "/sys/fs/cgroup",
+                                 const std::string& meminfo = "/proc/meminfo");
 
 class CollectorServer {
  public:

@@ -30,15 +30,49 @@ analysis::EngineOptions EngineOptionsWithLimits(const CollectorStateOptions& o) 
 
 }  // namespace
 
+MemoryCosts MemoryCostsFor(const analysis::EngineOptions& engine) {
+  // Heap bytes measured by bench/collector/memory_cost_bench.cc (glibc malloc, x86-64, default
+  // engine options), rounded up; re-measure when the engine's per-rank state changes. A rank is
+  // charged its worst case: its state, its windows (window_steps step values, straggler_window
+  // scores), its collector and per-node index entries, and a pending entry for each of the
+  // max_pending_steps steps that may wait for completion. Measured: 2.1 KiB for a rank whose
+  // steps complete, 9.5 KiB for one with 64 steps pending, 1.4 KiB after one step.
+  constexpr int64_t kJobBytes = 4096;
+  constexpr int64_t kJobPerWindowStepBytes = 64;  // the job's summaries window
+  constexpr int64_t kRankSlotBytes = 8;           // one pointer per unit of world_size
+  constexpr int64_t kRankBaseBytes = 384;
+  constexpr int64_t kRankPerWindowStepBytes = 16;
+  constexpr int64_t kRankPerScoreBytes = 48;
+  constexpr int64_t kRankPerPendingStepBytes = 128;
+  constexpr int64_t kNodeBytes = 1024;  // measured 0.8 KiB with a host sample
+  constexpr int64_t kGpuBytes = 1536;   // measured 1.1 KiB with every NVML and GPM field
+  const int64_t window = std::max(engine.window_steps, 4);
+  const int64_t scores = std::max(engine.straggler_window, 4);
+  const int64_t pending = std::max(engine.max_pending_steps, 1);
+  MemoryCosts c;
+  c.job = kJobBytes + window * kJobPerWindowStepBytes;
+  c.rank_slot = kRankSlotBytes;
+  c.rank = kRankBaseBytes + window * kRankPerWindowStepBytes + scores * kRankPerScoreBytes +
+           pending * kRankPerPendingStepBytes;
+  c.node = kNodeBytes;
+  c.gpu = kGpuBytes;
+  return c;
+}
+
 CollectorState::CollectorState(CollectorStateOptions options, const Clock* clock)
     : options_(std::move(options)),
       clock_(clock),
       engine_(EngineOptionsWithLimits(options_)),
       deduper_(options_.dedupe),
+      costs_(MemoryCostsFor(options_.engine)),
       reports_(options_.reports) {
   // Never fatal: without its directory the collector still keeps reports in memory.
   if (absl::Status st = reports_.Load(clock_->NowUnixNanos()); !st.ok()) {
     SW_LOG_WARNING << "job reports will not survive a restart: " << st;
+  }
+  absl::MutexLock lock(&mu_);
+  if (absl::Status st = deduper_.OpenJournal(); !st.ok()) {
+    SW_LOG_WARNING << "batch deduplication journal: " << st;
   }
 }
 
@@ -57,6 +91,35 @@ void CollectorState::CountStateSaveError() {
   ++counters_.state_save_errors;
 }
 
+int64_t CollectorState::MemoryAccountedBytes() const {
+  absl::MutexLock lock(&mu_);
+  return accounted_bytes_;
+}
+
+bool CollectorState::Charge(int64_t bytes, const char* what) {
+  if (options_.max_memory_bytes > 0 && accounted_bytes_ + bytes > options_.max_memory_bytes) {
+    ++counters_.limit_hits["memory"];
+    uint64_t suppressed = 0;
+    if (memory_log_limiter_.Allow(&suppressed)) {
+      SW_LOG_WARNING << "memory budget of " << (options_.max_memory_bytes >> 20)
+                     << " MiB reached: refusing a new " << what
+                     << "; tracked jobs and nodes are still analysed (--max-memory-mib)"
+                     << (suppressed > 0 ? absl::StrCat(" [", suppressed, " similar suppressed]")
+                                        : std::string());
+    }
+    return false;
+  }
+  accounted_bytes_ += bytes;
+  return true;
+}
+
+void CollectorState::EraseJob(const std::string& job) {
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return;
+  accounted_bytes_ -= it->second.charged_bytes;
+  jobs_.erase(it);
+}
+
 bool CollectorState::AdmitStep(const v1::StepEvent& event, int64_t now) {
   if (event.world_size() > options_.max_ranks_per_job) {
     ++counters_.limit_hits["ranks_per_job"];
@@ -68,14 +131,28 @@ bool CollectorState::AdmitStep(const v1::StepEvent& event, int64_t now) {
       ++counters_.limit_hits["jobs"];
       return false;
     }
+    const int64_t cost = costs_.job + costs_.rank_slot * event.world_size() + costs_.rank;
+    if (!Charge(cost, "job")) return false;
     it = jobs_.emplace(event.job(), JobTrack{}).first;
+    it->second.world_size_charged = event.world_size();
+    it->second.charged_bytes = cost;
+    it->second.ranks.insert(event.rank());
   }
   JobTrack& job = it->second;
+  if (event.world_size() > job.world_size_charged) {
+    // A rescaled job: the engine's rank slots grow with it.
+    const int64_t cost = costs_.rank_slot * (event.world_size() - job.world_size_charged);
+    if (!Charge(cost, "rank")) return false;
+    job.world_size_charged = event.world_size();
+    job.charged_bytes += cost;
+  }
   if (!job.ranks.contains(event.rank())) {
     if (static_cast<int>(job.ranks.size()) >= options_.max_ranks_per_job) {
       ++counters_.limit_hits["ranks_per_job"];
       return false;
     }
+    if (!Charge(costs_.rank, "rank")) return false;
+    job.charged_bytes += costs_.rank;
     job.ranks.insert(event.rank());
   }
   if (job.first_step < 0 || event.step() < job.first_step) job.first_step = event.step();
@@ -112,6 +189,7 @@ CollectorState::NodeTrack* CollectorState::TouchNode(const v1::ReportBatch& batc
       ++counters_.limit_hits["nodes"];
       return nullptr;
     }
+    if (!Charge(costs_.node, "node")) return nullptr;
     it = nodes_.emplace(name, NodeTrack{}).first;
     it->second.view.node = name;
     SW_LOG_INFO << "new node " << name << " (agent " << batch.agent_id() << ", NVML "
@@ -146,7 +224,7 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
     }
   }
   const int64_t now = clock_->NowUnixNanos();
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   ++counters_.batches_received;
   const BatchDeduper::Result dedupe =
       deduper_.Observe(batch.agent_id(), batch.boot_id(), batch.seq(), batch.base_seq());
@@ -192,6 +270,7 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
           ++counters_.limit_hits["gpus_per_node"];
           continue;
         }
+        if (!Charge(costs_.gpu, "GPU")) continue;
         // Keep the GPUs ordered by index: insert and renumber the slots.
         auto pos =
             std::lower_bound(node->view.gpus.begin(), node->view.gpus.end(), gpu.index(),
@@ -235,8 +314,25 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
     FinishReport(done->last_snapshot, done->last_findings, "exited", now);
     SW_LOG_INFO << "job " << done->job << " finished: all " << done->ranks
                 << " ranks exited (last step " << done->last_step << ")";
-    jobs_.erase(done->job);
+    EraseJob(done->job);
     ++counters_.jobs_finished;
+  }
+  // Applied: journaled (with --state-dir) before the acknowledgement, so that a collector killed
+  // from here on does not count this batch again when the agent resends it.
+  BatchDeduper::Sync sync;
+  if (absl::Status st =
+          deduper_.Commit(batch.agent_id(), batch.boot_id(), batch.seq(), batch.base_seq(), &sync);
+      !st.ok()) {
+    ++counters_.state_save_errors;
+    const uint64_t n = deduper_.journal_errors();
+    if ((n & (n - 1)) == 0) SW_LOG_WARNING << "batch deduplication journal (" << n << "): " << st;
+  }
+  lock.Release();
+  // Outside mu_: the disk does not hold up other streams, and concurrent batches share one sync.
+  if (absl::Status st = sync.Wait(); !st.ok()) {
+    absl::MutexLock relock(&mu_);
+    ++counters_.state_save_errors;
+    SW_LOG_WARNING << "batch deduplication journal: " << st;
   }
   return ack;
 }
@@ -295,6 +391,7 @@ void CollectorState::AdvanceAndExpire(int64_t now) {
       }
       engine_.RemoveJob(it->first);
       ++counters_.expired["job"];
+      accounted_bytes_ -= it->second.charged_bytes;
       jobs_.erase(it++);
     } else {
       ++it;
@@ -307,6 +404,8 @@ void CollectorState::AdvanceAndExpire(int64_t now) {
       engine_.RemoveNode(it->first);
       deduper_.ForgetAgent(it->second.view.agent_id);
       ++counters_.expired["node"];
+      accounted_bytes_ -=
+          costs_.node + costs_.gpu * static_cast<int64_t>(it->second.gpu_slot.size());
       it = nodes_.erase(it);
     } else {
       ++it;
@@ -324,7 +423,15 @@ v1::StatusResponse CollectorState::Status() const {
     auto it = per_job.find(job.job);
     ToProto(job, it == per_job.end() ? 0 : it->second, out.add_jobs());
   }
+  // Jobs first; nodes while the answer stays under max_answer_bytes, so that it always fits the
+  // gRPC send limit (the last nodes are left out, and logged, beyond it).
+  size_t bytes = out.ByteSizeLong();
+  size_t omitted = 0;
   for (const auto& [name, track] : nodes_) {
+    if (bytes > static_cast<size_t>(std::max<int64_t>(0, options_.max_answer_bytes))) {
+      ++omitted;
+      continue;
+    }
     const NodeView& n = track.view;
     v1::NodeStatus* ns = out.add_nodes();
     ns->set_node(n.node);
@@ -345,6 +452,11 @@ v1::StatusResponse CollectorState::Status() const {
       if (g.has_memory_total_bytes()) gs->set_memory_total_bytes(g.memory_total_bytes());
       *gs->mutable_pids() = g.pids();
     }
+    bytes += ns->ByteSizeLong() + 8;  // and its tag and length
+  }
+  if (omitted > 0) {
+    SW_LOG_WARNING << "status answer over " << (options_.max_answer_bytes >> 20)
+                   << " MiB: " << omitted << " of " << nodes_.size() << " nodes left out";
   }
   return out;
 }
@@ -352,9 +464,22 @@ v1::StatusResponse CollectorState::Status() const {
 v1::FindingsResponse CollectorState::Findings(absl::string_view job) const {
   v1::FindingsResponse out;
   absl::MutexLock lock(&mu_);
+  // Ordered by job, kind, rank: beyond max_answer_bytes the rest are left out (and logged).
+  size_t bytes = 0;
+  size_t omitted = 0;
   for (const analysis::Finding& f : engine_.Findings()) {
     if (!job.empty() && f.job != job) continue;
-    ToProto(f, out.add_findings());
+    if (bytes > static_cast<size_t>(std::max<int64_t>(0, options_.max_answer_bytes))) {
+      ++omitted;
+      continue;
+    }
+    v1::Finding* out_f = out.add_findings();
+    ToProto(f, out_f);
+    bytes += out_f->ByteSizeLong() + 8;
+  }
+  if (omitted > 0) {
+    SW_LOG_WARNING << "findings answer over " << (options_.max_answer_bytes >> 20)
+                   << " MiB: " << omitted << " findings left out";
   }
   return out;
 }
@@ -404,6 +529,9 @@ StateSnapshot CollectorState::Snapshot() const {
   for (const auto& [name, track] : nodes_) s.nodes.push_back(track.view);
   s.counters = counters_;
   s.counters.rank_series_dropped = rank_series_dropped_;
+  s.memory_accounted_bytes = accounted_bytes_;
+  s.memory_budget_bytes = options_.max_memory_bytes;
+  s.detector_timings = engine_.DetectorTimings();
   return s;
 }
 

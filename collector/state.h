@@ -41,6 +41,15 @@ struct CollectorStateOptions {
   int max_ranks_per_job = 65536;
   int max_nodes = 10000;
   int max_gpus_per_node = 64;
+  // Memory budget in bytes for what the collector tracks (0: none). Every job, rank, node and GPU
+  // is charged an accounted cost (MemoryCosts) when first admitted; what would exceed the budget
+  // is refused and counted in limit_hits{limit="memory"}, while what is tracked keeps being
+  // analysed. Charges are returned when jobs and nodes are forgotten.
+  int64_t max_memory_bytes = 0;
+  // Status() and Findings() answers (stepwatchctl status, findings) stop adding nodes or findings
+  // beyond this size, under the gRPC send limit (64 MiB): 10,000 nodes of 8 GPUs take 5.6 MB, but
+  // 64 GPUs per node with many processes would not fit.
+  int64_t max_answer_bytes = 48 << 20;
   // Per-rank series on /metrics: every flagged rank, plus per job the top_ranks_per_job ranks
   // furthest above their peers' median busy time, at most max_rank_series ranks in all (flagged
   // ranks first); ranks left out are counted in CollectorCounters::rank_series_dropped.
@@ -60,6 +69,17 @@ struct NodeView {
   std::vector<v1::GpuSample> gpus;  // the last sample of each GPU, by index
   std::optional<v1::HostSample> host;
 };
+
+// Accounted bytes per tracked item, derived from bench/collector/memory_cost_bench.cc (see
+// MemoryCostsFor in state.cc).
+struct MemoryCosts {
+  int64_t job = 0;        // a job's own state
+  int64_t rank_slot = 0;  // per unit of a job's world_size (the engine keeps a slot per rank)
+  int64_t rank = 0;       // a rank that reported: its windows and its share of pending steps
+  int64_t node = 0;       // a node (agent): its view, host reading and deduplication state
+  int64_t gpu = 0;        // a GPU of a node: its last sample, twice (view and engine)
+};
+MemoryCosts MemoryCostsFor(const analysis::EngineOptions& engine);
 
 struct CollectorCounters {
   uint64_t batches_received = 0;
@@ -85,6 +105,9 @@ struct CollectorCounters {
   // Findings left out of stepwatch_finding by MetricsOptions::max_finding_series, summed over
   // scrapes (counted by the /metrics collectable).
   uint64_t finding_series_dropped = 0;
+  // Series left out by the /metrics total cap (MetricsOptions::max_series), by family ("job",
+  // "rank", "finding", "node", "gpu", "host"), summed over scrapes (counted by the collectable).
+  std::map<std::string, uint64_t> series_dropped;
 };
 
 // Everything /metrics shows, copied under the lock at scrape time.
@@ -99,6 +122,11 @@ struct StateSnapshot {
   std::vector<NodeView> nodes;  // ordered by node name
   CollectorCounters counters;
   int agents_connected = 0;
+  // Bytes charged against the memory budget, and the budget (0: none).
+  int64_t memory_accounted_bytes = 0;
+  int64_t memory_budget_bytes = 0;
+  // Cumulative time the engine spent in each detector.
+  std::map<std::string, analysis::DetectorTiming> detector_timings;
 };
 
 class CollectorState {
@@ -136,6 +164,9 @@ class CollectorState {
   // Reports of running and finished jobs (updated at every Tick and when a job ends).
   const ReportStore& reports() const { return reports_; }
 
+  // Bytes charged against max_memory_bytes now.
+  int64_t MemoryAccountedBytes() const;
+
  private:
   struct JobTrack {
     int64_t last_seen_unix_nanos = 0;
@@ -143,6 +174,9 @@ class CollectorState {
     // For the job's report: the lowest step and when the job was first seen.
     int64_t first_step = -1;
     int64_t first_seen_unix_nanos = 0;
+    // Memory charged for this job: its state, rank slots and ranks.
+    int world_size_charged = 0;
+    int64_t charged_bytes = 0;
   };
   struct NodeTrack {
     NodeView view;
@@ -151,6 +185,11 @@ class CollectorState {
 
   // Returns false (and counts) when the step would exceed a limit.
   bool AdmitStep(const v1::StepEvent& event, int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Charges `bytes` against the memory budget; false (counted, logged at a bounded rate) when
+  // that would exceed it. `what` names the refused item in the log.
+  bool Charge(int64_t bytes, const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets a job and returns its charge.
+  void EraseJob(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   NodeTrack* TouchNode(const v1::ReportBatch& batch, int64_t now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `sender_unix_nanos` when it is set and within max_clock_skew of `now`, else `now` (counted,
@@ -182,6 +221,9 @@ class CollectorState {
   std::map<std::string, NodeTrack> nodes_ ABSL_GUARDED_BY(mu_);
   CollectorCounters counters_ ABSL_GUARDED_BY(mu_);
   LogRateLimiter skew_log_limiter_{3, std::chrono::minutes(1)};
+  LogRateLimiter memory_log_limiter_{3, std::chrono::minutes(1)};
+  const MemoryCosts costs_;
+  int64_t accounted_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Counted by Snapshot(), which is const: scrapes only read the state otherwise.
   mutable uint64_t rank_series_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   // Reused for every step so that conversion does not allocate per step.

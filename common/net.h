@@ -16,7 +16,8 @@ struct HostPort {
 // Parses "HOST:PORT", "[V6]:PORT" or ":PORT" (host empty). Port must be 0..65535.
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view address);
 
-// "HOST:PORT" as gRPC and civetweb take it: IPv6 hosts in brackets, an empty host as 0.0.0.0.
+// "HOST:PORT" as gRPC and the /metrics server take it: IPv6 hosts in brackets, an empty host as
+// 0.0.0.0.
 std::string JoinHostPort(const HostPort& hp);
 
 }  // namespace stepwatch

@@ -23,10 +23,12 @@ if [ "${STEPWATCH_SKIP_SANITIZE:-0}" != "1" ]; then
   echo "=== build with ASan + UBSan; C++ and integration tests ==="
   STEPWATCH_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-sanitize -DSTEPWATCH_WERROR=ON \
     -DSTEPWATCH_SANITIZE=ON -DSTEPWATCH_BUILD_BENCHMARKS=OFF
-  # Python-only and static checks gain nothing from sanitizers; they ran above.
+  # Python-only and static checks gain nothing from sanitizers; they ran above. The network and
+  # process fault tests are timing-bound (a 60 s partition) and exercise no C++ path the other
+  # integration tests miss.
   (cd build-sanitize &&
     UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$jobs" --timeout 900 \
-      -E '^(python_|deploy_|format_check$|integration_torch_ddp$)')
+      -E '^(python_|deploy_|format_check$|integration_torch_ddp$|integration_faults_)')
 fi
 
 if [ "${STEPWATCH_SKIP_FUZZ:-0}" != "1" ]; then

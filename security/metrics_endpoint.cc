@@ -1,127 +1,232 @@
 #include "security/metrics_endpoint.h"
 
-#include <crypt.h>
+#include <atomic>
+#include <optional>
+#include <utility>
+#include <vector>
 
-#include <memory>
-#include <map>
-#include <mutex>
-
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "common/file.h"
-#include "common/log.h"
-#include "common/net.h"
-#include "prometheus/exposer.h"
-#include "security/tokens.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/metric_family.h"
+#include "security/http_basic_auth.h"
+#include "security/http_server.h"
+#include "security/metrics_renderer.h"
+#include "security/worker_pool.h"
 
 namespace stepwatch::security {
+namespace {
 
-// Users of the basic-auth file, re-read when it changes. A password that verified once is
-// remembered (per user, until the file changes), so that bcrypt's cost is paid once, not per
-// scrape.
-class BasicAuthUsers {
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+constexpr char kContentType[] = "text/plain; version=0.0.4; charset=utf-8";
+// Passwords waiting for a bcrypt worker, at most per worker; beyond that a request gets 503.
+constexpr size_t kAuthQueuePerThread = 16;
+
+ClientMetric Sample(double value, MetricType type, std::vector<ClientMetric::Label> labels = {}) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  if (type == MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  return m;
+}
+
+MetricFamily Family(std::string name, std::string help, MetricType type,
+                    std::vector<ClientMetric> metrics) {
+  MetricFamily f;
+  f.name = std::move(name);
+  f.help = std::move(help);
+  f.type = type;
+  f.metric = std::move(metrics);
+  return f;
+}
+
+// The endpoint's own health, on the endpoint (docs/security.md lists these).
+std::vector<MetricFamily> EndpointFamilies(const HttpServerStats& s, uint64_t renders,
+                                           double last_render_seconds) {
+  const MetricType counter = MetricType::Counter;
+  const MetricType gauge = MetricType::Gauge;
+  std::vector<MetricFamily> out;
+  out.push_back(Family("stepwatch_metrics_http_connections_accepted_total",
+                       "Connections accepted by the /metrics server.", counter,
+                       {Sample(static_cast<double>(s.accepted), counter)}));
+  out.push_back(Family("stepwatch_metrics_http_connections_refused_total",
+                       "Connections closed at once: the connection cap was reached and every "
+                       "connection had a request in progress.",
+                       counter, {Sample(static_cast<double>(s.refused), counter)}));
+  std::vector<ClientMetric> closed;
+  for (size_t i = 0; i < s.closed.size(); ++i) {
+    closed.push_back(Sample(static_cast<double>(s.closed[i]), counter,
+                            {{"reason", CloseReasonName(static_cast<CloseReason>(i))}}));
+  }
+  out.push_back(Family("stepwatch_metrics_http_connections_closed_total",
+                       "Connections the /metrics server closed, by reason: peer, done, "
+                       "header_timeout, idle_timeout, write_timeout, evicted (oldest idle one, "
+                       "at the connection cap).",
+                       counter, std::move(closed)));
+  out.push_back(Family("stepwatch_metrics_http_connections_open",
+                       "Connections open to the /metrics server.", gauge,
+                       {Sample(static_cast<double>(s.open), gauge)}));
+  std::vector<ClientMetric> responses;
+  for (const auto& [code, count] : s.responses) {
+    responses.push_back(
+        Sample(static_cast<double>(count), counter, {{"code", absl::StrCat(code)}}));
+  }
+  out.push_back(Family("stepwatch_metrics_http_requests_total",
+                       "Responses of the /metrics server, by status code.", counter,
+                       std::move(responses)));
+  out.push_back(Family("stepwatch_metrics_http_renders_total",
+                       "Renders of the /metrics body; concurrent scrapes share one.", counter,
+                       {Sample(static_cast<double>(renders), counter)}));
+  out.push_back(Family("stepwatch_metrics_http_render_seconds",
+                       "Duration of the previous render of the /metrics body.", gauge,
+                       {Sample(last_render_seconds, gauge)}));
+  return out;
+}
+
+HttpResponse TextResponse(int status, std::string text) {
+  HttpResponse r;
+  r.status = status;
+  r.body = std::make_shared<const std::string>(std::move(text));
+  return r;
+}
+
+}  // namespace
+
+class MetricsEndpoint::Impl {
  public:
-  explicit BasicAuthUsers(std::string path) : path_(std::move(path)) {}
+  Impl(const MetricsEndpointOptions& options, std::weak_ptr<prometheus::Collectable> collectable)
+      : options_(options), collectable_(std::move(collectable)) {}
 
-  absl::Status Load() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return LoadLocked();
+  ~Impl() {
+    // Stop taking requests first; then the threads that may still answer one; the server goes last
+    // because their answers reach it (and are dropped).
+    if (server_ != nullptr) server_->Stop();
+    auth_pool_.reset();
+    renderer_.reset();
+    server_.reset();
   }
 
-  bool Verify(const std::string& user, const std::string& password) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (absl::Status s = LoadLocked(); !s.ok()) {
-      uint64_t suppressed = 0;
-      if (log_limiter_.Allow(&suppressed)) {
-        SW_LOG_WARNING << "metrics basic auth file not reloaded, previous users stay: " << s;
-      }
+  absl::Status Start(int* port) {
+    if (!options_.basic_auth_file.empty()) {
+      users_ = std::make_unique<BasicAuthUsers>(options_.basic_auth_file);
+      if (absl::Status s = users_->Load(); !s.ok()) return s;
+      const int threads = std::max(1, options_.threads);
+      auth_pool_ = std::make_unique<WorkerPool>(threads, kAuthQueuePerThread * threads);
     }
-    auto it = users_.find(user);
-    if (it == users_.end()) return false;
-    User& u = it->second;
-    if (!u.verified.empty()) return ConstantTimeEquals(u.verified, password);
-    // crypt_data is 32 KiB: on the heap, not on a web-server worker's stack.
-    auto data = std::make_unique<crypt_data>();
-    const char* hashed = crypt_r(password.c_str(), u.hash.c_str(), data.get());
-    if (hashed == nullptr || hashed[0] == '*' || !ConstantTimeEquals(hashed, u.hash)) return false;
-    u.verified = password;
-    return true;
-  }
-
- private:
-  struct User {
-    std::string hash;
-    std::string verified;
-  };
-
-  absl::Status LoadLocked() {
-    absl::StatusOr<std::string> text = ReadFile(path_, 1 << 20);
-    if (!text.ok()) return text.status();
-    if (*text == loaded_text_) return absl::OkStatus();
-    std::map<std::string, User> users;
-    int line_number = 0;
-    for (absl::string_view line : absl::StrSplit(*text, '\n')) {
-      ++line_number;
-      line = absl::StripAsciiWhitespace(line);
-      if (line.empty() || line[0] == '#') continue;
-      const size_t colon = line.find(':');
-      // bcrypt only: "$2b$", "$2y$" or "$2a$" hashes. Plain passwords are refused.
-      if (colon == absl::string_view::npos || colon == 0 || line.substr(colon + 1, 2) != "$2" ||
-          line.size() - colon - 1 < 59) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(path_, " line ", line_number, ": expected USER:BCRYPT_HASH"));
-      }
-      users[std::string(line.substr(0, colon))].hash = std::string(line.substr(colon + 1));
-    }
-    if (users.empty()) return absl::InvalidArgumentError(absl::StrCat(path_, ": no users"));
-    users_ = std::move(users);
-    loaded_text_ = *std::move(text);
+    renderer_ = std::make_unique<MetricsRenderer>(
+        [this](const MetricsRenderer::Stats& stats) { return Collect(stats); });
+    HttpServerOptions http;
+    http.listen = options_.listen;
+    http.max_connections = options_.max_connections;
+    http.header_timeout_ms = std::max(100, options_.header_timeout_ms);
+    http.idle_timeout_ms = std::max(100, options_.idle_timeout_ms);
+    http.write_timeout_ms = std::max(100, options_.write_timeout_ms);
+    absl::StatusOr<std::unique_ptr<HttpServer>> server =
+        HttpServer::Start(http, [this](const HttpRequest& request, HttpResponder responder) {
+          Handle(request, responder);
+        });
+    if (!server.ok()) return server.status();
+    server_ = *std::move(server);
+    stats_source_.store(server_.get());
+    *port = server_->port();
     return absl::OkStatus();
   }
 
-  const std::string path_;
-  std::mutex mu_;
-  std::string loaded_text_;
-  std::map<std::string, User> users_;
-  LogRateLimiter log_limiter_{1, std::chrono::minutes(1)};
+ private:
+  // On the server's loop thread: only cheap decisions here.
+  void Handle(const HttpRequest& request, HttpResponder responder) {
+    if (request.method != "GET" && request.method != "HEAD") {
+      HttpResponse r = TextResponse(405, "only GET and HEAD\n");
+      r.headers.emplace_back("Allow", "GET, HEAD");
+      responder.Send(std::move(r));
+      return;
+    }
+    if (request.path != "/metrics") {
+      responder.Send(TextResponse(404, "not found; metrics are at /metrics\n"));
+      return;
+    }
+    if (users_ == nullptr) {
+      Render(responder);
+      return;
+    }
+    const std::string* authorization = request.Header("authorization");
+    std::optional<BasicCredentials> credentials =
+        authorization == nullptr ? std::nullopt : ParseBasicAuthorization(*authorization);
+    if (!credentials.has_value()) {
+      responder.Send(Unauthorized());
+      return;
+    }
+    const bool queued = auth_pool_->TrySubmit([this, c = *std::move(credentials), responder] {
+      if (users_->Verify(c.user, c.password)) {
+        Render(responder);
+      } else {
+        responder.Send(Unauthorized());
+      }
+    });
+    if (!queued) {
+      HttpResponse r = TextResponse(503, "too many passwords to verify; retry\n");
+      r.headers.emplace_back("Retry-After", "1");
+      responder.Send(std::move(r));
+    }
+  }
+
+  static HttpResponse Unauthorized() {
+    HttpResponse r = TextResponse(401, "authentication required\n");
+    r.headers.emplace_back("WWW-Authenticate", "Basic realm=\"stepwatch\"");
+    return r;
+  }
+
+  void Render(HttpResponder responder) {
+    renderer_->Request([responder](absl::StatusOr<std::shared_ptr<const std::string>> body) {
+      if (!body.ok()) {
+        responder.Send(TextResponse(500, std::string(body.status().message()) + "\n"));
+        return;
+      }
+      HttpResponse r;
+      r.content_type = kContentType;
+      r.body = *std::move(body);
+      responder.Send(std::move(r));
+    });
+  }
+
+  // On the renderer's thread.
+  std::vector<MetricFamily> Collect(const MetricsRenderer::Stats& render_stats) {
+    std::vector<MetricFamily> families;
+    if (std::shared_ptr<prometheus::Collectable> c = collectable_.lock(); c != nullptr) {
+      families = c->Collect();
+    }
+    // A request can arrive before Start() has stored the server.
+    const HttpServer* server = stats_source_.load();
+    for (MetricFamily& f :
+         EndpointFamilies(server == nullptr ? HttpServerStats() : server->stats(),
+                          render_stats.renders, render_stats.last_render_seconds)) {
+      families.push_back(std::move(f));
+    }
+    return families;
+  }
+
+  const MetricsEndpointOptions options_;
+  const std::weak_ptr<prometheus::Collectable> collectable_;
+  std::unique_ptr<BasicAuthUsers> users_;
+  std::unique_ptr<WorkerPool> auth_pool_;
+  std::unique_ptr<MetricsRenderer> renderer_;
+  std::unique_ptr<HttpServer> server_;
+  std::atomic<const HttpServer*> stats_source_{nullptr};  // server_, for the renderer's thread
 };
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
-    const MetricsEndpointOptions& o, std::weak_ptr<prometheus::Collectable> collectable) {
-  absl::StatusOr<HostPort> hp = ParseHostPort(o.listen);
-  if (!hp.ok()) return hp.status();
+    const MetricsEndpointOptions& options, std::weak_ptr<prometheus::Collectable> collectable) {
   std::unique_ptr<MetricsEndpoint> endpoint(new MetricsEndpoint());
-  if (!o.basic_auth_file.empty()) {
-    endpoint->users_ = std::make_unique<BasicAuthUsers>(o.basic_auth_file);
-    if (absl::Status s = endpoint->users_->Load(); !s.ok()) return s;
-  }
-  std::vector<std::string> civet_options = {
-      "listening_ports",    JoinHostPort(*hp),
-      "num_threads",        absl::StrCat(std::max(2, o.threads)),
-      "request_timeout_ms", absl::StrCat(std::max(100, o.request_timeout_ms))};
-  try {
-    endpoint->exposer_ = std::make_unique<prometheus::Exposer>(civet_options);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen, ": ", e.what()));
-  }
-  if (endpoint->users_ != nullptr) {
-    BasicAuthUsers* users = endpoint->users_.get();
-    endpoint->exposer_->RegisterAuth(
-        [users](const std::string& user, const std::string& password) {
-          return users->Verify(user, password);
-        },
-        "stepwatch");
-  }
-  endpoint->exposer_->RegisterCollectable(collectable);
-  const std::vector<int> ports = endpoint->exposer_->GetListeningPorts();
-  endpoint->port_ = ports.empty() ? 0 : ports.front();
+  endpoint->impl_ = std::make_unique<Impl>(options, std::move(collectable));
+  if (absl::Status s = endpoint->impl_->Start(&endpoint->port_); !s.ok()) return s;
   return endpoint;
 }
 
-MetricsEndpoint::~MetricsEndpoint() {
-  // The server's threads may call into users_: stop them first.
-  exposer_.reset();
-}
+MetricsEndpoint::~MetricsEndpoint() = default;
 
 }  // namespace stepwatch::security

@@ -12,7 +12,11 @@ otherwise the scheduler may put them on the same CPU, and the wall clock then al
 drainer's own work, which on a 2-CPU machine roughly doubles the figure from run to run. --no-pin
 leaves placement to the scheduler.
 
+--transport=seqpacket drains the agent's seqpacket socket (`<socket>.seq`, a connection per
+reporter) instead of the datagram socket.
+
     /usr/bin/python3 bench/client/bench_python_client.py [--events N] [--repeat R] [--no-pin]
+        [--transport datagram|seqpacket]
 """
 
 import argparse
@@ -30,14 +34,28 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 import stepwatch  # noqa: E402
 
 _DRAIN = r"""
-import os, socket, sys
+import os, selectors, socket, sys
 if sys.argv[2] != "-":
     os.sched_setaffinity(0, {int(sys.argv[2])})
-s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-s.bind(sys.argv[1])
+if sys.argv[3] == "datagram":
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(sys.argv[1])
+    print("ready", flush=True)
+    while True:  # until terminated by the benchmark
+        s.recv(65536)
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+listener.bind(sys.argv[1] + ".seq")
+listener.listen(16)
+sel = selectors.DefaultSelector()
+sel.register(listener, selectors.EVENT_READ)
 print("ready", flush=True)
-while True:  # until terminated by the benchmark
-    s.recv(65536)
+while True:
+    for key, _ in sel.select():
+        if key.fileobj is listener:
+            sel.register(listener.accept()[0], selectors.EVENT_READ)
+        elif not key.fileobj.recv(65536):
+            sel.unregister(key.fileobj)
+            key.fileobj.close()
 """
 
 
@@ -63,6 +81,8 @@ def main():
     parser.add_argument("--repeat", type=int, default=5, help="repetitions (median is reported)")
     parser.add_argument("--no-pin", action="store_true",
                         help="do not pin the benchmark and the drainer to different CPUs")
+    parser.add_argument("--transport", choices=("datagram", "seqpacket"), default="datagram",
+                        help="which of the agent's sockets the drainer stands in for")
     args = parser.parse_args()
 
     cpus = sorted(os.sched_getaffinity(0))
@@ -73,7 +93,7 @@ def main():
 
     with tempfile.TemporaryDirectory(prefix="sw-pybench-") as tmp:
         path = os.path.join(tmp, "agent.sock")
-        drain = subprocess.Popen([sys.executable, "-c", _DRAIN, path, drain_cpu],
+        drain = subprocess.Popen([sys.executable, "-c", _DRAIN, path, drain_cpu, args.transport],
                                  stdout=subprocess.PIPE, text=True)
         try:
             assert drain.stdout.readline().strip() == "ready"
@@ -116,7 +136,7 @@ def main():
                 us, cpu_us = bench(fn, args.events, args.repeat)
                 results.append({"case": name, "us_per_event": round(us, 3),
                                 "cpu_us_per_event": round(cpu_us, 3), "sent": reporter.sent,
-                                "dropped": reporter.dropped})
+                                "dropped": reporter.dropped, "transport": reporter.transport})
             rep.close()
             module_rep.close()
 

@@ -1,4 +1,11 @@
-"""Reporter: sends one JSON step event per datagram to the stepwatch agent.
+"""Reporter: sends one JSON step event per message to the stepwatch agent.
+
+Transport: a connection to the agent's SOCK_SEQPACKET socket (`<socket>.seq`, one JSON object per
+packet) when the agent has one, else datagrams on `<socket>` (older agents). A connection queues
+as many messages as its send buffer holds, while a datagram socket queues at most
+net.unix.max_dgram_qlen (10 by default): with datagrams, a burst of ranks finishing a step at once
+loses events. Every message that leaves carries "dropped": the events this reporter failed to send
+since the previous one that left (left out when 0), so that the agent can count what clients lost.
 
 The send path is built for the inside of a training loop (a few microseconds per event, most of
 it the kernel's send()): the constant part of the JSON object is formatted once, a full event is
@@ -27,8 +34,23 @@ PHASES = ("data", "compute", "comm")
 
 # Errors after which the socket is re-created and re-connected (the agent went away or restarted).
 _RECONNECT_ERRNOS = frozenset(
-    (errno.ECONNREFUSED, errno.ENOTCONN, errno.ENOENT, errno.EDESTADDRREQ, errno.EBADF)
+    (
+        errno.ECONNREFUSED,
+        errno.ENOTCONN,
+        errno.ENOENT,
+        errno.EDESTADDRREQ,
+        errno.EBADF,
+        errno.EPIPE,
+        errno.ECONNRESET,
+    )
 )
+# Suffix of the agent's seqpacket socket path (agent/ingest_server.h, SeqpacketPathFor).
+SEQPACKET_SUFFIX = ".seq"
+# Longest path that fits in a Unix socket address.
+_MAX_SOCKET_PATH = 107
+# Requested send buffer of a connection: the messages it may hold while the agent is busy (the
+# kernel caps it at net.core.wmem_max).
+SEND_BUFFER_BYTES = 4 << 20
 _BUSY = "the stepwatch agent is busy (its socket queue is full)"
 _INF = float("inf")
 # The clocks, looked up as module globals on every use so that tests can replace them.
@@ -130,6 +152,10 @@ class Reporter:
         self._closed = False
         self.sent = 0
         self.dropped = 0
+        # Drops not yet reported to the agent (the "dropped" field of the next message that leaves).
+        self._unreported = 0
+        # "seqpacket" or "datagram" while connected, else None.
+        self.transport = None
         self.last_error = None
         # Step/phase scopes: reused, so that entering one allocates nothing.
         self._step_scope = _StepScope(self)
@@ -150,6 +176,7 @@ class Reporter:
             if sock is None:  # agent absent: drop before formatting anything
                 if self._warned:
                     self.dropped += 1
+                    self._unreported += 1
                     return False
                 return self._drop(self.last_error)
         try:
@@ -197,6 +224,9 @@ class Reporter:
         except Exception as exc:  # a wrong type from the caller: never raise into the loop
             return self._drop("cannot format step event: %r" % (exc,))
 
+        pending = self._unreported
+        if pending:
+            data = data[:-1] + b',"dropped":%d}' % pending
         try:
             sock.send(data)
         except BlockingIOError:
@@ -204,6 +234,8 @@ class Reporter:
         except Exception as exc:
             return self._send_failed(sock, exc)
         self.sent += 1
+        if pending:
+            self._unreported -= pending
         return True
 
     def _send_ns(self, step, step_ns, data_ns, compute_ns, comm_ns, samples):
@@ -214,6 +246,7 @@ class Reporter:
             if sock is None:
                 if self._warned:
                     self.dropped += 1
+                    self._unreported += 1
                     return False
                 return self._drop(self.last_error)
         try:
@@ -233,6 +266,9 @@ class Reporter:
             data += b"}"
         except Exception as exc:
             return self._drop("cannot format step event: %r" % (exc,))
+        pending = self._unreported
+        if pending:
+            data = data[:-1] + b',"dropped":%d}' % pending
         try:
             sock.send(data)
         except BlockingIOError:
@@ -240,6 +276,8 @@ class Reporter:
         except Exception as exc:
             return self._send_failed(sock, exc)
         self.sent += 1
+        if pending:
+            self._unreported -= pending
         return True
 
     def _busy(self):
@@ -247,6 +285,7 @@ class Reporter:
         # kept exception would hold its traceback, a reference cycle through this frame).
         if self._warned:
             self.dropped += 1
+            self._unreported += 1
             self.last_error = _BUSY
             return False
         return self._drop("send to %s failed: %s" % (self.identity.socket_path, _BUSY))
@@ -259,7 +298,8 @@ class Reporter:
         return self._drop("send to %s failed: %r" % (self.identity.socket_path, exc))
 
     def _connect(self):
-        """Connects a fresh non-blocking socket; None (last_error set) when the agent is absent."""
+        """Connects a fresh non-blocking socket: the agent's seqpacket socket, else its datagram
+        socket. None (last_error set) when the agent is absent."""
         with self._lock:
             if self._sock is not None:
                 return self._sock
@@ -269,19 +309,23 @@ class Reporter:
                     self.last_error = "reporter is closed"
                 return None
             self._next_connect = now + self._reconnect_interval
+            path = self.identity.socket_path
             sock = None
-            try:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                sock.setblocking(False)
-                sock.connect(self.identity.socket_path)
-            except OSError as exc:
-                if sock is not None:
-                    sock.close()
-                self.last_error = "cannot reach the stepwatch agent at %s: %s" % (
-                    self.identity.socket_path,
-                    exc.strerror or exc,
-                )
-                return None
+            seq_path = path + SEQPACKET_SUFFIX
+            if len(seq_path.encode("utf-8", "surrogateescape")) <= _MAX_SOCKET_PATH:
+                sock = _open(socket.SOCK_SEQPACKET, seq_path)
+            if sock is not None:
+                self.transport = "seqpacket"
+            else:
+                try:
+                    sock = _open(socket.SOCK_DGRAM, path, raise_error=True)
+                except OSError as exc:
+                    self.last_error = "cannot reach the stepwatch agent at %s: %s" % (
+                        path,
+                        exc.strerror or exc,
+                    )
+                    return None
+                self.transport = "datagram"
             self._sock = sock
             return sock
 
@@ -289,6 +333,7 @@ class Reporter:
         with self._lock:
             if self._sock is sock:
                 self._sock = None
+                self.transport = None
                 self._next_connect = 0.0  # retry at once: the agent may have just restarted
         try:
             sock.close()
@@ -297,6 +342,7 @@ class Reporter:
 
     def _drop(self, reason):
         self.dropped += 1
+        self._unreported += 1
         self.last_error = reason
         if not self._warned:
             self._warned = True
@@ -314,6 +360,7 @@ class Reporter:
         """Closes the socket; later events are dropped."""
         with self._lock:
             self._closed = True
+            self.transport = None
             sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
@@ -360,6 +407,28 @@ class Reporter:
                     "stepwatch: unknown phase %r ignored (expected one of %s)", name, PHASES
                 )
             return _NULL_SCOPE
+
+
+def _open(kind, path, raise_error=False):
+    """A non-blocking Unix socket of `kind` connected to `path`; None (or the error raised when
+    `raise_error`) when that fails."""
+    sock = None
+    try:
+        sock = socket.socket(socket.AF_UNIX, kind)
+        if kind == socket.SOCK_SEQPACKET:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+            except OSError:
+                pass  # the default buffer still works, with less room for bursts
+        sock.setblocking(False)
+        sock.connect(path)
+    except OSError:
+        if sock is not None:
+            sock.close()
+        if raise_error:
+            raise
+        return None
+    return sock
 
 
 class _StepScope:
@@ -423,9 +492,17 @@ class _StepScope:
         sock = rep._sock
         try:
             self._next = step + 1
-            # An event with all three phases is formatted and sent right here (a call fewer than
-            # _send_ns). step_s > 0 holds: a step contains its phases, and data_ns > 0.
-            fast = sock is not None and data_ns and compute_ns and comm_ns and step >= 0
+            # An event with all three phases and nothing dropped before it is formatted and sent
+            # right here (a call fewer than _send_ns). step_s > 0 holds: a step contains its
+            # phases, and data_ns > 0.
+            fast = (
+                sock is not None
+                and data_ns
+                and compute_ns
+                and comm_ns
+                and step >= 0
+                and not rep._unreported
+            )
             if fast:
                 if samples is None:
                     data = rep._fmt_ns_phases % (step, step_ns, data_ns, compute_ns, comm_ns)
@@ -446,6 +523,7 @@ class _StepScope:
         except BlockingIOError:
             if rep._warned:  # agent busy, already warned: count it, no call, no formatting
                 rep.dropped += 1
+                rep._unreported += 1
                 rep.last_error = _BUSY
             else:
                 rep._busy()

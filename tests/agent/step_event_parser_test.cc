@@ -232,6 +232,36 @@ TEST(StepEventParserTest, ClearsThePreviousEvent) {
   EXPECT_EQ(e.job(), "k");
 }
 
+TEST(StepEventParserTest, ClientDroppedCountIsReportedApartFromTheStep) {
+  for (bool fast : {true, false}) {
+    SCOPED_TRACE(fast ? "fast path" : "general parser");
+    auto parse = fast ? ParseStepEvent : ParseStepEventWithoutFastPath;
+    v1::StepEvent e;
+    ClientReport report;
+    report.dropped = 99;  // reset by the parser
+    // An old client: no field, the report says 0.
+    ASSERT_FALSE(parse(kValid, &e, &report).has_value());
+    EXPECT_EQ(report.dropped, 0u);
+    const std::string with_drops = std::string(kValid).insert(1, R"("dropped":12,)");
+    ASSERT_FALSE(parse(with_drops, &e, &report).has_value());
+    EXPECT_EQ(report.dropped, 12u);
+    EXPECT_EQ(e.step(), 120);
+    // Without a report to fill, the event still parses (the field is simply not kept).
+    ASSERT_FALSE(parse(with_drops, &e, nullptr).has_value());
+    // null is "absent", like every optional field.
+    ASSERT_FALSE(parse(std::string(kValid).insert(1, R"("dropped":null,)"), &e, &report));
+    EXPECT_EQ(report.dropped, 0u);
+    // Like every other field: wrong type, negative, fractional, twice are rejected.
+    for (const char* bad : {R"("dropped":"3",)", R"("dropped":-1,)", R"("dropped":1.5,)",
+                            R"("dropped":1,"dropped":2,)"}) {
+      std::optional<Rejection> r = parse(std::string(kValid).insert(1, bad), &e, &report);
+      EXPECT_TRUE(r.has_value()) << bad;
+    }
+  }
+  EXPECT_EQ(ReasonOf(std::string(kValid).insert(1, R"("dropped":-1,)")), RejectReason::kOutOfRange);
+  EXPECT_EQ(ReasonOf(std::string(kValid).insert(1, R"("dropped":"x",)")), RejectReason::kWrongType);
+}
+
 TEST(StepEventParserTest, ReasonNamesAreDistinctSnakeCase) {
   std::set<std::string> names;
   for (int i = 0; i < kRejectReasonCount; ++i) {

@@ -105,6 +105,25 @@ StateSnapshot SampleSnapshot() {
   return s;
 }
 
+TEST(MetricsTest, DetectorTimingsAreExportedPerDetector) {
+  StateSnapshot s = SampleSnapshot();
+  s.detector_timings["straggler"] = {0.25, 40};
+  s.detector_timings["stall"] = {0.5, 7};
+  // A total series cap does not hide the collector's own health.
+  MetricsOptions tight;
+  tight.max_series = 1;
+  std::vector<MetricFamily> fams = BuildMetricFamilies(s, tight);
+  const MetricFamily* seconds = FindFamily(fams, "stepwatch_engine_detector_seconds_total");
+  const MetricFamily* runs = FindFamily(fams, "stepwatch_engine_detector_runs_total");
+  ASSERT_NE(seconds, nullptr);
+  ASSERT_NE(runs, nullptr);
+  ASSERT_EQ(seconds->metric.size(), 2u);
+  EXPECT_EQ(Label(seconds->metric[0], "detector"), "stall");
+  EXPECT_DOUBLE_EQ(seconds->metric[0].counter.value, 0.5);
+  EXPECT_EQ(Label(runs->metric[1], "detector"), "straggler");
+  EXPECT_DOUBLE_EQ(runs->metric[1].counter.value, 40);
+}
+
 TEST(MetricsTest, DesignNamesAndLabels) {
   std::vector<MetricFamily> fams = BuildMetricFamilies(SampleSnapshot(), {});
 
@@ -296,11 +315,88 @@ TEST(MetricsTest, DroppedRankSeriesAreCounted) {
   const MetricFamily* dropped = FindFamily(fams, "stepwatch_collector_series_dropped_total");
   ASSERT_NE(dropped, nullptr);
   EXPECT_EQ(dropped->type, prometheus::MetricType::Counter);
-  ASSERT_EQ(dropped->metric.size(), 2u);
+  ASSERT_EQ(dropped->metric.size(), 6u);  // rank, finding, job, node, gpu, host
   EXPECT_EQ(Label(dropped->metric[0], "family"), "rank");
   EXPECT_EQ(dropped->metric[0].counter.value, 7);
   EXPECT_EQ(Label(dropped->metric[1], "family"), "finding");
   EXPECT_EQ(dropped->metric[1].counter.value, 3);
+}
+
+// Counts the series of the snapshot's families other than the collector's own.
+size_t CappedSeries(const std::vector<MetricFamily>& fams) {
+  size_t n = 0;
+  for (const MetricFamily& f : fams) {
+    if (f.name.rfind("stepwatch_collector_", 0) != 0) n += f.metric.size();
+  }
+  return n;
+}
+
+double Dropped(const std::vector<MetricFamily>& fams, const std::string& family) {
+  const MetricFamily* dropped = FindFamily(fams, "stepwatch_collector_series_dropped_total");
+  if (dropped == nullptr) return -1;
+  for (const ClientMetric& m : dropped->metric) {
+    if (Label(m, "family") == family) return m.counter.value;
+  }
+  return -1;
+}
+
+TEST(MetricsTest, TotalSeriesCapKeepsTheMostImportantFirst) {
+  StateSnapshot s = SampleSnapshot();
+  // Many nodes of many GPUs: the cap must keep findings, stragglers and the job's series, and
+  // every node's up series before any GPU series.
+  for (int n = 0; n < 50; ++n) {
+    NodeView v;
+    v.node = absl::StrCat("big-", n);
+    v.last_seen_unix_nanos = s.now_unix_nanos;
+    for (int g = 0; g < 8; ++g) {
+      v1::GpuSample gpu;
+      gpu.set_index(g);
+      gpu.set_utilization_gpu_ratio(0.5);
+      gpu.set_sm_activity_ratio(0.4);
+      gpu.set_power_watts(300);
+      v.gpus.push_back(gpu);
+    }
+    s.nodes.push_back(v);
+  }
+  const size_t uncapped = CappedSeries(BuildMetricFamilies(s, {}));
+  MetricsOptions o;
+  o.max_series = 200;
+  ASSERT_GT(uncapped, 400u);
+  SeriesDrops drops;
+  std::vector<MetricFamily> fams = BuildMetricFamilies(s, o, &drops);
+  EXPECT_EQ(CappedSeries(fams), 200u);
+  for (const char* kept : {"stepwatch_finding", "stepwatch_findings", "stepwatch_straggler",
+                           "stepwatch_job_step_seconds", "stepwatch_job_efficiency_ratio",
+                           "stepwatch_gpu_underutilized"}) {
+    EXPECT_NE(FindFamily(fams, kept), nullptr) << kept;
+  }
+  const MetricFamily* up = FindFamily(fams, "stepwatch_node_up");
+  ASSERT_NE(up, nullptr);
+  EXPECT_EQ(up->metric.size(), s.nodes.size());
+  // Every GPU's utilization before any GPU's power.
+  EXPECT_EQ(FindFamily(fams, "stepwatch_gpu_power_watts"), nullptr);
+  EXPECT_EQ(FindFamily(fams, "stepwatch_host_cpus"), nullptr);
+  // What was left out is counted by family, and adds up.
+  uint64_t total = 0;
+  for (const auto& [family, n] : drops) total += n;
+  EXPECT_EQ(total, uncapped - 200);
+  EXPECT_GT(Dropped(fams, "gpu"), 0);
+  EXPECT_EQ(Dropped(fams, "gpu"), static_cast<double>(drops["gpu"]));
+  EXPECT_EQ(Dropped(fams, "job"), 0);
+  // The collector's own series are never cut.
+  EXPECT_NE(FindFamily(fams, "stepwatch_collector_memory_budget_bytes"), nullptr);
+}
+
+TEST(MetricsTest, CollectableSumsTotalCapDropsOverScrapes) {
+  FakeClock clock;
+  CollectorState state({}, &clock);
+  ASSERT_TRUE(state.Apply(testing::StepBatch("n0", 1, "a", 8, 0, 0.1)).ok());
+  MetricsOptions o;
+  o.max_series = 3;
+  StateCollectable collectable(&state, o);
+  const double first = Dropped(collectable.Collect(), "job");
+  ASSERT_GT(first, 0);
+  EXPECT_EQ(Dropped(collectable.Collect(), "job"), 2 * first);
 }
 
 TEST(MetricsTest, NodeGpuAndHostSeriesInBaseUnits) {

@@ -76,6 +76,37 @@ class ServerTest : public ::testing::Test {
   std::shared_ptr<grpc::Channel> channel_;
 };
 
+TEST_F(ServerTest, BatchOverTheReceiveLimitIsRefusedAndOthersStillServed) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server_->grpc_port()),
+                                           grpc::InsecureChannelCredentials(), args);
+  auto ingest = v1::Ingest::NewStub(channel);
+  // A batch of 9 MiB: over the 8 MiB default, whatever it holds.
+  v1::ReportBatch big = StepBatch("n0", 1, "job", 8, 0, 0.1);
+  big.mutable_node()->set_driver_version(std::string(9 << 20, 'x'));
+  ASSERT_GT(big.ByteSizeLong(),
+            static_cast<size_t>(CollectorServerOptions{}.max_receive_message_bytes));
+  {
+    auto ctx = Context();
+    auto stream = ingest->Report(ctx.get());
+    stream->Write(big);
+    v1::IngestAck ack;
+    EXPECT_FALSE(stream->Read(&ack));
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  EXPECT_EQ(server_->state()->Snapshot().counters.batches_received, 0u);
+  // A batch of normal size on a new stream is applied.
+  auto ctx = Context();
+  auto stream = ingest->Report(ctx.get());
+  ASSERT_TRUE(stream->Write(StepBatch("n0", 1, "job", 8, 0, 0.1)));
+  v1::IngestAck ack;
+  ASSERT_TRUE(stream->Read(&ack));
+  EXPECT_EQ(ack.acked_seq(), 1u);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
 TEST_F(ServerTest, IngestStreamAcksAndIgnoresDuplicates) {
   auto ingest = v1::Ingest::NewStub(channel_);
   auto ctx = Context();

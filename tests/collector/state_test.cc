@@ -314,6 +314,10 @@ TEST(CollectorStateTest, StragglerReachesFindingsAndExplain) {
   EXPECT_EQ(snap.top_ranks[0].first, "job");
   EXPECT_EQ(snap.top_ranks[0].second.rank, 5);
   EXPECT_GT(snap.top_ranks[0].second.busy_vs_median_ratio, 1.3);
+  // The engine's per-detector timings reach the snapshot that /metrics is built from.
+  ASSERT_TRUE(snap.detector_timings.count("straggler") == 1);
+  EXPECT_GT(snap.detector_timings.at("straggler").runs, 0);
+  EXPECT_TRUE(snap.detector_timings.count("gpu_utilization") == 1);
 }
 
 TEST(CollectorStateTest, ScalingHistoryRoundTrips) {

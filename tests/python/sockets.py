@@ -64,6 +64,62 @@ class FakeAgent:
         return False
 
 
+class FakeSeqpacketAgent(FakeAgent):
+    """A FakeAgent that also listens on `<path>.seq` (SOCK_SEQPACKET), as current agents do.
+
+    recv()/recv_raw()/drain() read the seqpacket connection (accepted on first use);
+    recv_datagram() reads the datagram socket.
+    """
+
+    def __init__(self, directory=None):
+        self.listener = None
+        self.conn = None
+        super().__init__(directory)
+        self.seq_path = self.path + ".seq"
+        self.listen()
+
+    def listen(self):
+        if os.path.exists(self.seq_path):
+            os.unlink(self.seq_path)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.listener.bind(self.seq_path)
+        self.listener.listen(16)
+
+    def stop_listening(self):
+        """As a restarting agent: the connection and the listening socket go away."""
+        for s in (self.conn, self.listener):
+            if s is not None:
+                s.close()
+        self.conn = self.listener = None
+        if os.path.exists(self.seq_path):
+            os.unlink(self.seq_path)
+
+    def recv_raw(self, timeout=5.0):
+        if self.conn is None:
+            self.listener.settimeout(timeout)
+            try:
+                self.conn, _ = self.listener.accept()
+            except socket.timeout:
+                return None
+        self.conn.settimeout(timeout)
+        try:
+            data = self.conn.recv(65536)
+        except socket.timeout:
+            return None
+        return data or None
+
+    def recv_datagram(self, timeout=5.0):
+        self.sock.settimeout(timeout)
+        try:
+            return json.loads(self.sock.recv(65536).decode("utf-8"))
+        except socket.timeout:
+            return None
+
+    def close(self):
+        self.stop_listening()
+        super().close()
+
+
 def wait_until(predicate, timeout=5.0, interval=0.01):
     """Polls `predicate` until it is true or `timeout` passes; returns its last value."""
     deadline = time.monotonic() + timeout

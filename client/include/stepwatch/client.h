@@ -9,11 +9,16 @@
 //     { stepwatch::PhaseScope p(step, stepwatch::Phase::kCompute); Train(batch); }
 //   }  // the step's event is sent when `step` goes out of scope
 //
-// Each step is one JSON datagram (the stepwatch StepEvent, v1) on the agent's Unix socket. Nothing
-// here throws or blocks the caller: by default events go through a bounded in-memory queue to a
-// sender thread owned by the Reporter, so the caller never makes a system call. When the agent is
-// absent, its queue is full, or the queue here is full, the event is dropped and counted
-// (Reporter::dropped()), and a single warning goes to stderr.
+// Each step is one JSON message (the stepwatch StepEvent, v1) to the agent: a packet on a
+// connection to its SOCK_SEQPACKET socket (`<socket>.seq`) when the agent has one, else a datagram
+// on its Unix datagram socket (older agents). A connection queues as many messages as its send
+// buffer holds; a datagram socket queues at most net.unix.max_dgram_qlen (10 by default), so bursts
+// of ranks finishing a step together lose datagrams. Every message that leaves carries "dropped":
+// the events this reporter failed to send since the previous message that left (left out when 0),
+// which the agent counts per job. Nothing here throws or blocks the caller: by default events go
+// through a bounded in-memory queue to a sender thread owned by the Reporter, so the caller never
+// makes a system call. When the agent is absent, its queue is full, or the queue here is full, the
+// event is dropped and counted (Reporter::dropped()), and a single warning goes to stderr.
 #pragma once
 
 #include <fcntl.h>
@@ -40,8 +45,15 @@
 namespace stepwatch {
 
 inline constexpr char kDefaultSocketPath[] = "/run/stepwatch/agent.sock";
-// The agent rejects larger datagrams.
+// The agent rejects larger messages.
 inline constexpr size_t kMaxDatagramBytes = 64 * 1024;
+// Suffix of the agent's seqpacket socket path.
+inline constexpr char kSeqpacketSuffix[] = ".seq";
+// Requested send buffer of a connection: the messages it holds while the agent is busy (the
+// kernel caps it at net.core.wmem_max).
+inline constexpr int kSendBufferBytes = 4 << 20;
+// How events reach the agent.
+enum class Transport : int { kNone = 0, kSeqpacket = 1, kDatagram = 2 };
 
 // Phases of a step, reported as data_s, compute_s and comm_s.
 enum class Phase : int { kData = 0, kCompute = 1, kComm = 2 };
@@ -107,6 +119,10 @@ class Reporter {
 
   uint64_t sent() const noexcept { return sent_.load(std::memory_order_relaxed); }
   uint64_t dropped() const noexcept { return dropped_.load(std::memory_order_relaxed); }
+  // The transport of the current connection (kNone while there is none).
+  Transport transport() const noexcept {
+    return static_cast<Transport>(transport_.load(std::memory_order_relaxed));
+  }
   // Why the last event was dropped ("" when none was).
   std::string last_error() const;
 
@@ -117,9 +133,10 @@ class Reporter {
   const std::string& socket_path() const noexcept { return socket_path_; }
   bool background() const noexcept { return thread_.joinable(); }
 
-  // Formats `record` as the datagram's JSON into buf[0, capacity). Returns the length, or 0 when
-  // it does not fit. Does not validate.
-  size_t Encode(const StepRecord& record, char* buf, size_t capacity) const noexcept;
+  // Formats `record` as the message's JSON into buf[0, capacity), with "dropped":`dropped` when
+  // that is not 0. Returns the length, or 0 when it does not fit. Does not validate.
+  size_t Encode(const StepRecord& record, char* buf, size_t capacity,
+                uint64_t dropped = 0) const noexcept;
 
   // Step numbering used by StepScope: a counter that follows the last step reported.
   int64_t next_step() const noexcept { return next_step_.load(std::memory_order_relaxed); }
@@ -134,6 +151,12 @@ class Reporter {
   // retry.
   int ConnectLocked() noexcept;
   void Drop(const char* reason, int err) noexcept;
+  void CountDrop() noexcept {
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+    unreported_.fetch_add(1, std::memory_order_relaxed);
+  }
+  // A connected non-blocking socket of `type` to `path`, or -1 (errno set).
+  static int Open(int type, const std::string& path) noexcept;
   void Run() noexcept;
 
   ReporterOptions options_;
@@ -147,6 +170,9 @@ class Reporter {
 
   std::atomic<uint64_t> sent_{0};
   std::atomic<uint64_t> dropped_{0};
+  // Drops not yet reported to the agent (the next message's "dropped" field).
+  std::atomic<uint64_t> unreported_{0};
+  std::atomic<int> transport_{0};
   std::atomic<bool> warned_{false};
   std::atomic<int64_t> next_step_{0};
 
@@ -346,6 +372,7 @@ inline Reporter::Reporter(ReporterOptions options) noexcept : options_(std::move
   if (!error_.empty()) {
     Drop(error_.c_str(), 0);
     dropped_.store(0);  // the warning is out; nothing was dropped yet
+    unreported_.store(0);
     return;
   }
   if (options_.flush_interval < std::chrono::milliseconds(1)) {
@@ -484,7 +511,8 @@ inline const char* Reporter::Validate(const StepRecord& r) noexcept {
   return nullptr;
 }
 
-inline size_t Reporter::Encode(const StepRecord& r, char* buf, size_t capacity) const noexcept {
+inline size_t Reporter::Encode(const StepRecord& r, char* buf, size_t capacity,
+                               uint64_t dropped) const noexcept {
   client_internal::Writer w{buf, buf + capacity};
   w.Raw(prefix_.data(), prefix_.size());
   w.Lit(",\"step\":");
@@ -507,13 +535,17 @@ inline size_t Reporter::Encode(const StepRecord& r, char* buf, size_t capacity) 
     w.Lit(",\"samples\":");
     w.Int(*r.samples);
   }
+  if (dropped > 0) {
+    w.Lit(",\"dropped\":");
+    w.Int(static_cast<int64_t>(dropped));
+  }
   w.Lit("}");
   return w.ok ? static_cast<size_t>(w.p - buf) : 0;
 }
 
 inline bool Reporter::Send(const StepRecord& record) noexcept {
   if (!ok()) {
-    dropped_.fetch_add(1, std::memory_order_relaxed);
+    dropped_.fetch_add(1, std::memory_order_relaxed);  // nothing can ever report it
     return false;
   }
   if (const char* invalid = Validate(record)) {
@@ -530,7 +562,7 @@ inline bool Reporter::Send(const StepRecord& record) noexcept {
     if (size_ == ring_.size()) {
       if (warned_.load(std::memory_order_relaxed)) {
         // Hot path of a stalled sender: count, format nothing.
-        dropped_.fetch_add(1, std::memory_order_relaxed);
+        CountDrop();
       } else {
         Drop("the stepwatch client's queue is full", 0);
       }
@@ -585,52 +617,79 @@ inline void Reporter::Run() noexcept {
   }
 }
 
+inline int Reporter::Open(int type, const std::string& path) noexcept {
+  if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  const int fd = ::socket(AF_UNIX, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (type == SOCK_SEQPACKET) {
+    // Room for bursts; the default buffer still works when the request is refused.
+    const int bytes = kSendBufferBytes;
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    errno = err;
+    return -1;
+  }
+  return fd;
+}
+
 inline int Reporter::ConnectLocked() noexcept {
   if (fd_ >= 0) return fd_;
   const auto now = std::chrono::steady_clock::now();
   if (now < next_connect_) return -2;
   next_connect_ = now + options_.reconnect_interval;
-  int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  // The seqpacket socket when the agent has one; else datagrams (an older agent).
+  int fd = Open(SOCK_SEQPACKET, socket_path_ + kSeqpacketSuffix);
+  Transport transport = Transport::kSeqpacket;
   if (fd < 0) {
-    Drop("cannot create a socket", errno);
-    return -1;
+    fd = Open(SOCK_DGRAM, socket_path_);
+    transport = Transport::kDatagram;
   }
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, socket_path_.data(), socket_path_.size());
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
-    const int err = errno;
-    ::close(fd);
-    Drop("cannot reach the stepwatch agent", err);
+  if (fd < 0) {
+    Drop("cannot reach the stepwatch agent", errno);
     return -1;
   }
   fd_ = fd;
+  transport_.store(static_cast<int>(transport), std::memory_order_relaxed);
   return fd_;
 }
 
 inline bool Reporter::SendNowLocked(const StepRecord& record) noexcept {
   char buf[4096];
-  const size_t n = Encode(record, buf, sizeof(buf));
+  // Drops since the last message that left ride along with this one.
+  const uint64_t pending = unreported_.load(std::memory_order_relaxed);
+  const size_t n = Encode(record, buf, sizeof(buf), pending);
   if (n == 0) {
     Drop("step event does not fit in a datagram", 0);
     return false;
   }
   const int fd = ConnectLocked();
   if (fd == -2) {
-    dropped_.fetch_add(1, std::memory_order_relaxed);  // the failed attempt recorded the reason
+    CountDrop();  // the failed attempt recorded the reason
     return false;
   }
   if (fd < 0) return false;
   if (::send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(n)) {
     sent_.fetch_add(1, std::memory_order_relaxed);
+    if (pending > 0) unreported_.fetch_sub(pending, std::memory_order_relaxed);
     return true;
   }
   const int err = errno;
   if (err == ECONNREFUSED || err == ENOTCONN || err == ENOENT || err == EBADF ||
-      err == EDESTADDRREQ) {
-    // The agent went away or restarted: connect again on the next event.
+      err == EDESTADDRREQ || err == EPIPE || err == ECONNRESET) {
+    // The agent went away or restarted (or refused the connection): connect again on the next
+    // event.
     ::close(fd_);
     fd_ = -1;
+    transport_.store(static_cast<int>(Transport::kNone), std::memory_order_relaxed);
     next_connect_ = {};
   }
   Drop("sending to the stepwatch agent failed", err);
@@ -638,7 +697,7 @@ inline bool Reporter::SendNowLocked(const StepRecord& record) noexcept {
 }
 
 inline void Reporter::Drop(const char* reason, int err) noexcept {
-  dropped_.fetch_add(1, std::memory_order_relaxed);
+  CountDrop();
   if (warned_.load(std::memory_order_relaxed) && err == EAGAIN) return;  // hot path: agent busy
   char message[sizeof(last_error_)];
   if (err != 0) {

@@ -1,0 +1,71 @@
+// The step window: how rank samples become entries of a pending step, how a complete step is
+// summarised for the job, and what the window of summaries says about where the time goes
+// (breakdown, efficiency, what-ifs).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "analysis/engine.h"
+#include "analysis/ring.h"
+
+namespace stepwatch::analysis {
+
+// One rank's contribution to one step, reduced to what the detectors need.
+struct Entry {
+  int rank = 0;
+  int64_t group = -1;  // (pp_stage, tp_rank) peer group; -1: all ranks are peers
+  int pp_stage = -1;
+  double step_s = 0;
+  double busy = 0;
+  double compute = 0;
+  double data = 0;
+  double wait = 0;
+  int64_t samples = -1;
+  bool split = false;          // data_s or compute_s reported
+  bool step_only = false;      // nothing but step_s: the GPU's SM activity may tell the split
+  bool stale = false;          // split taken from a GPU reading already used: no new evidence
+  bool unknown_split = false;  // step_only with no SM activity: busy is the step, not evidence
+  bool forgotten = false;      // its rank was removed (RemoveNode) after it reported
+};
+
+// A step some ranks reported, not complete yet.
+struct Pending {
+  int64_t first_nanos = 0;
+  int64_t last_nanos = 0;
+  std::vector<Entry> entries;
+};
+
+// One rank's split of one complete step (its history, for RankSnapshot).
+struct StepVals {
+  float busy = 0, compute = 0, data = 0, comm = 0;
+};
+
+// One complete step of a job.
+struct StepSummary {
+  int64_t step = 0;
+  int64_t nanos = 0;
+  double step_s = 0;
+  double med_busy = 0;
+  double max_busy = 0;
+  double exposed_comm = 0;
+  double med_data = 0;
+  double samples = -1;       // summed over ranks, -1 when not reported
+  bool split_known = false;  // some rank's split was reported or inferred from SM activity
+};
+
+// The entry of a valid sample; `pp_stage` is the rank's stage (-1 when none).
+Entry MakeEntry(const StepSample& s);
+
+// Summarises the entries of one complete step (non-empty) of a job of `world_size` ranks.
+StepSummary Summarize(int64_t step, int64_t nanos, const std::vector<Entry>& es, int world_size,
+                      std::vector<double>* scratch);
+
+// Fills the window figures of a snapshot: median step, rates, split_known, breakdown,
+// efficiency and what-ifs.
+void FillWindowFigures(const Ring<StepSummary>& summaries, JobSnapshot* s);
+
+// The median step time over the window (0 when empty).
+double MedianStep(const Ring<StepSummary>& summaries, std::vector<double>* scratch);
+
+}  // namespace stepwatch::analysis
