@@ -12,17 +12,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="${STEPWATCH_TEST_JOBS:-2}"
+# Line tables only (-g1): file:line in every stack trace at about 20% less compile time than -g.
+line_tables=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
+  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG")
 
 scripts/install-deps.sh all
 
 echo "=== build (RelWithDebInfo, -Werror) and all tests ==="
-STEPWATCH_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-test -DSTEPWATCH_WERROR=ON
+STEPWATCH_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-test -DSTEPWATCH_WERROR=ON "${line_tables[@]}"
 (cd build-test && ctest --output-on-failure -j "$jobs" --timeout 600)
 
 if [ "${STEPWATCH_SKIP_SANITIZE:-0}" != "1" ]; then
   echo "=== build with ASan + UBSan; C++ and integration tests ==="
   STEPWATCH_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-sanitize -DSTEPWATCH_WERROR=ON \
-    -DSTEPWATCH_SANITIZE=ON -DSTEPWATCH_BUILD_BENCHMARKS=OFF
+    -DSTEPWATCH_SANITIZE=ON -DSTEPWATCH_BUILD_BENCHMARKS=OFF "${line_tables[@]}"
   # Python-only and static checks gain nothing from sanitizers; they ran above. The network and
   # process fault tests are timing-bound (a 60 s partition) and exercise no C++ path the other
   # integration tests miss.
