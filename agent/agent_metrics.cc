@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/net.h"
-#include "gpu/gpu_source.h"
+#include "metrics/node_metric_table.h"
 #include "prometheus/exposer.h"
 
 namespace stepwatch::agent {
@@ -47,119 +47,28 @@ class Families {
 constexpr MetricType kGauge = MetricType::Gauge;
 constexpr MetricType kCounter = MetricType::Counter;
 
+// Every series of table metric `metric` for one sample, labelled `first` (node, and gpu for GPU
+// metrics), then the metric's own labels.
+template <typename Metric, typename Sample>
+void AddTableSeries(const Metric& metric, const Sample& sample,
+                    std::vector<ClientMetric::Label> first, Families* f) {
+  metrics::ForEachSeries(metric, sample, [&](const std::vector<std::string>& values, double v) {
+    std::vector<ClientMetric::Label> labels = first;
+    for (size_t i = 0; i < values.size(); ++i) labels.push_back({metric.labels[i], values[i]});
+    f->Add(absl::StrCat(metrics::kAgentPrefix, metric.name), metric.help, metric.type,
+           std::move(labels), v);
+  });
+}
+
 void AddGpuSeries(const std::string& node, const v1::GpuSample& g, Families* f) {
   const std::vector<ClientMetric::Label> labels = {{"node", node},
                                                    {"gpu", absl::StrCat(g.index())}};
-  auto gauge = [&](const char* name, const char* help, double v) {
-    f->Add(absl::StrCat("stepwatch_agent_gpu_", name), help, kGauge, labels, v);
-  };
-  f->Add("stepwatch_agent_gpu_info", "GPU identity; always 1.", kGauge,
-         {{"node", node}, {"gpu", absl::StrCat(g.index())}, {"uuid", g.uuid()}, {"name", g.name()}},
-         1);
-  if (g.has_utilization_gpu_ratio()) {
-    gauge("utilization_ratio", "Fraction of time a kernel was running (NVML utilization.gpu).",
-          g.utilization_gpu_ratio());
-  }
-  if (g.has_utilization_memory_ratio()) {
-    gauge("memory_utilization_ratio", "Fraction of time device memory was read or written.",
-          g.utilization_memory_ratio());
-  }
-  if (g.has_memory_used_bytes()) {
-    gauge("memory_used_bytes", "Device memory in use.", static_cast<double>(g.memory_used_bytes()));
-  }
-  if (g.has_memory_total_bytes()) {
-    gauge("memory_total_bytes", "Device memory size.", static_cast<double>(g.memory_total_bytes()));
-  }
-  if (g.has_sm_clock_mhz()) gauge("sm_clock_hertz", "SM clock.", g.sm_clock_mhz() * 1e6);
-  if (g.has_sm_clock_max_mhz()) {
-    gauge("sm_clock_max_hertz", "Maximum SM clock.", g.sm_clock_max_mhz() * 1e6);
-  }
-  if (g.has_power_watts()) gauge("power_watts", "Power draw.", g.power_watts());
-  if (g.has_power_limit_watts()) {
-    gauge("power_limit_watts", "Power management limit.", g.power_limit_watts());
-  }
-  if (g.has_temperature_celsius()) {
-    gauge("temperature_celsius", "GPU core temperature.", g.temperature_celsius());
-  }
-  if (g.has_throttle_reasons()) {
-    gauge("throttle_reasons", "NVML clocks throttle reasons bitmask (0: not throttled).",
-          static_cast<double>(g.throttle_reasons()));
-  }
-  if (g.has_pcie_tx_bytes_per_second()) {
-    gauge("pcie_transmit_bytes_per_second", "PCIe transmit throughput.",
-          g.pcie_tx_bytes_per_second());
-  }
-  if (g.has_pcie_rx_bytes_per_second()) {
-    gauge("pcie_receive_bytes_per_second", "PCIe receive throughput.",
-          g.pcie_rx_bytes_per_second());
-  }
-  if (g.has_nvlink_tx_bytes_per_second()) {
-    gauge("nvlink_transmit_bytes_per_second", "NVLink transmit throughput, all links.",
-          g.nvlink_tx_bytes_per_second());
-  }
-  if (g.has_nvlink_rx_bytes_per_second()) {
-    gauge("nvlink_receive_bytes_per_second", "NVLink receive throughput, all links.",
-          g.nvlink_rx_bytes_per_second());
-  }
-  if (g.has_sm_activity_ratio()) {
-    gauge("sm_activity_ratio", "Fraction of SM cycles with work resident (GPM).",
-          g.sm_activity_ratio());
-  }
-  if (g.has_dram_bandwidth_ratio()) {
-    gauge("dram_bandwidth_ratio", "Fraction of peak DRAM bandwidth used (GPM).",
-          g.dram_bandwidth_ratio());
-  }
-  if (g.has_tensor_activity_ratio()) {
-    gauge("tensor_activity_ratio", "Fraction of cycles the tensor cores were active (GPM).",
-          g.tensor_activity_ratio());
-  }
-  gauge("processes", "Processes with a compute context on the GPU.", g.pids_size());
-  for (const char* metric : gpu::kGpuMetricNames) {
-    const auto it = g.unavailable_metrics().find(metric);
-    const bool available = it == g.unavailable_metrics().end();
-    f->Add("stepwatch_agent_gpu_metric_available",
-           "1 when the driver gives this reading for the GPU; reason says why not (not_supported, "
-           "no_permission, missing_entry_point, mig_enabled, gpu_lost, error).",
-           kGauge,
-           {{"node", node},
-            {"gpu", absl::StrCat(g.index())},
-            {"metric", metric},
-            {"reason", available ? std::string("ok") : it->second}},
-           available ? 1 : 0);
-  }
+  for (const metrics::GpuMetric& m : metrics::GpuMetrics()) AddTableSeries(m, g, labels, f);
 }
 
 void AddHostSeries(const std::string& node, const v1::HostSample& h, Families* f) {
-  const std::vector<ClientMetric::Label> labels = {{"node", node}};
-  auto add = [&](const char* name, const char* help, MetricType type, double v) {
-    f->Add(absl::StrCat("stepwatch_agent_host_", name), help, type, labels, v);
-  };
-  if (h.has_cpu_utilization_ratio()) {
-    add("cpu_utilization_ratio", "Busy fraction of all CPUs over the last interval.", kGauge,
-        h.cpu_utilization_ratio());
-  }
-  if (h.cpu_count() > 0) add("cpus", "Number of CPUs.", kGauge, h.cpu_count());
-  if (h.has_memory_total_bytes()) {
-    add("memory_total_bytes", "Host memory size.", kGauge,
-        static_cast<double>(h.memory_total_bytes()));
-  }
-  if (h.has_memory_available_bytes()) {
-    add("memory_available_bytes", "Host memory available (MemAvailable).", kGauge,
-        static_cast<double>(h.memory_available_bytes()));
-  }
-  if (h.has_network_receive_bytes_total()) {
-    add("network_receive_bytes_total", "Bytes received on non-loopback interfaces.", kCounter,
-        static_cast<double>(h.network_receive_bytes_total()));
-  }
-  if (h.has_network_transmit_bytes_total()) {
-    add("network_transmit_bytes_total", "Bytes sent on non-loopback interfaces.", kCounter,
-        static_cast<double>(h.network_transmit_bytes_total()));
-  }
-  if (h.has_memory_bandwidth_bytes_per_second()) {
-    f->Add("stepwatch_agent_host_memory_bandwidth_bytes_per_second",
-           "Host memory bandwidth (resctrl or perf uncore counters).", kGauge,
-           {{"node", node}, {"source", h.memory_bandwidth_source()}},
-           h.memory_bandwidth_bytes_per_second());
+  for (const metrics::HostMetric& m : metrics::HostMetrics()) {
+    AddTableSeries(m, h, {{"node", node}}, f);
   }
 }
 
@@ -270,13 +179,11 @@ std::vector<MetricFamily> AgentCollectable::Collect() const {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const std::string& listen, std::shared_ptr<prometheus::Collectable> collectable,
-    const std::string& basic_auth_file) {
+    const security::MetricsEndpointOptions& options,
+    std::shared_ptr<prometheus::Collectable> collectable) {
+  const std::string& listen = options.listen;
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->collectable_ = std::move(collectable);
-  security::MetricsEndpointOptions options;
-  options.listen = listen;
-  options.basic_auth_file = basic_auth_file;
   absl::StatusOr<std::unique_ptr<security::MetricsEndpoint>> endpoint =
       security::MetricsEndpoint::Start(options, server->collectable_);
   if (!endpoint.ok()) {

@@ -40,9 +40,10 @@ class AgentCollectable : public prometheus::Collectable {
 // behind basic auth when `basic_auth_file` is set (security/metrics_endpoint.h).
 class MetricsServer {
  public:
+  // `options.listen` is the HOST:PORT to serve on.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
-      const std::string& listen, std::shared_ptr<prometheus::Collectable> collectable,
-      const std::string& basic_auth_file = "");
+      const security::MetricsEndpointOptions& options,
+      std::shared_ptr<prometheus::Collectable> collectable);
   ~MetricsServer();
   // The bound port (useful with port 0).
   int port() const { return port_; }

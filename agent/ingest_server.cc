@@ -245,7 +245,7 @@ IngestStats IngestServer::stats() const {
   s.connections_refused_total = connections_refused_.load(std::memory_order_relaxed);
   s.connections_open = connections_open_.load(std::memory_order_relaxed);
   {
-    std::lock_guard<std::mutex> lock(drops_mu_);
+    absl::MutexLock lock(&drops_mu_);
     s.client_dropped_by_job.reserve(drops_by_job_.size());
     for (const auto& [job, d] : drops_by_job_) s.client_dropped_by_job.emplace_back(job, d.dropped);
   }
@@ -406,7 +406,7 @@ void IngestServer::CloseConnection(int fd) {
 }
 
 void IngestServer::CountClientDrops(const std::string& job, uint64_t dropped) {
-  std::lock_guard<std::mutex> lock(drops_mu_);
+  absl::MutexLock lock(&drops_mu_);
   const uint64_t seq = ++drop_sequence_;
   auto it = drops_by_job_.find(job);
   if (it == drops_by_job_.end()) {

@@ -15,14 +15,15 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "agent/rank_owners.h"
 #include "agent/step_event_parser.h"
 #include "common/clock.h"
@@ -103,7 +104,7 @@ class IngestServer {
   const std::string& seqpacket_path() const { return options_.seqpacket_path; }
   // The receive buffer the kernel granted (getsockopt reports twice the usable size).
   int receive_buffer_bytes() const { return granted_rcvbuf_; }
-  IngestStats stats() const;
+  IngestStats stats() const ABSL_LOCKS_EXCLUDED(drops_mu_);
 
  private:
   enum class Transport { kDatagram, kSeqpacket };
@@ -124,7 +125,7 @@ class IngestServer {
   bool DrainConnection(int fd, pid_t peer_pid, char* buffer);
   void CloseConnection(int fd);
   void Handle(const char* data, size_t size, bool truncated, pid_t pid, Transport transport);
-  void CountClientDrops(const std::string& job, uint64_t dropped);
+  void CountClientDrops(const std::string& job, uint64_t dropped) ABSL_LOCKS_EXCLUDED(drops_mu_);
 
   const IngestServerOptions options_;
   const Sink sink_;
@@ -152,9 +153,9 @@ class IngestServer {
     uint64_t dropped = 0;
     uint64_t last_seen = 0;  // event sequence number, for forgetting the least recent job
   };
-  mutable std::mutex drops_mu_;
-  absl::flat_hash_map<std::string, JobDrops> drops_by_job_;  // guarded by drops_mu_
-  uint64_t drop_sequence_ = 0;                               // guarded by drops_mu_
+  mutable absl::Mutex drops_mu_;
+  absl::flat_hash_map<std::string, JobDrops> drops_by_job_ ABSL_GUARDED_BY(drops_mu_);
+  uint64_t drop_sequence_ ABSL_GUARDED_BY(drops_mu_) = 0;
 };
 
 }  // namespace stepwatch::agent

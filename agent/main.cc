@@ -17,6 +17,7 @@
 #include "agent/ingest_server.h"
 #include "agent/shipper.h"
 #include "agent/spool.h"
+#include "common/clock.h"
 #include "common/flags.h"
 #include "common/log.h"
 #include "common/net.h"
@@ -74,6 +75,13 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(std::string, metrics_basic_auth_file, "",
           "File of \"USER:BCRYPT_HASH\" lines (htpasswd -nB USER): --metrics-listen asks for "
           "HTTP basic auth. Re-read when it changes. Empty: no authentication.");
+ABSL_FLAG(int32_t, metrics_threads, 4,
+          "Threads verifying /metrics basic-auth passwords (bcrypt). Connections are served by "
+          "one event loop and rendering has its own thread, so idle or slow clients hold no "
+          "thread.");
+ABSL_FLAG(int32_t, metrics_max_connections, 1024,
+          "Open /metrics connections at most; at the cap the oldest one without a request in "
+          "progress is closed to make room (stepwatch_metrics_http_connections_closed_total).");
 ABSL_FLAG(std::string, host_root, "",
           "Filesystem root under which /proc and /sys are read (for tests and containers that "
           "mount the host's /proc elsewhere). Empty: the real root.");
@@ -181,6 +189,10 @@ int main(int argc, char** argv) {
   }
   const int64_t max_pending = absl::GetFlag(FLAGS_max_pending_events);
   if (max_pending < 1) UsageError("--max-pending-events must be positive");
+  if (absl::GetFlag(FLAGS_metrics_threads) < 1 ||
+      absl::GetFlag(FLAGS_metrics_max_connections) < 1) {
+    UsageError("--metrics-threads and --metrics-max-connections must be positive");
+  }
   const int64_t rcvbuf = absl::GetFlag(FLAGS_receive_buffer_bytes);
   if (rcvbuf < 0 || rcvbuf > (1 << 30)) {
     UsageError("--receive-buffer-bytes must be between 0 and 1 GiB");
@@ -241,7 +253,10 @@ int main(int argc, char** argv) {
                       "and forged on the network";
   }
 
+  // One clock for every time reading and wait of the shipper.
+  const stepwatch::RealClock clock;
   agent::ShipperOptions shipper_options;
+  shipper_options.clock = &clock;
   shipper_options.collector = collector;
   shipper_options.credentials = client_security->credentials;
   shipper_options.token = client_security->token;
@@ -329,9 +344,13 @@ int main(int argc, char** argv) {
     sources.ingest = [ingest_ptr] { return ingest_ptr->stats(); };
     sources.shipper = [&shipper] { return shipper.stats(); };
     sources.samples = [&shipper] { return shipper.LatestSamples(); };
+    security::MetricsEndpointOptions endpoint;
+    endpoint.listen = metrics_listen;
+    endpoint.basic_auth_file = absl::GetFlag(FLAGS_metrics_basic_auth_file);
+    endpoint.threads = absl::GetFlag(FLAGS_metrics_threads);
+    endpoint.max_connections = absl::GetFlag(FLAGS_metrics_max_connections);
     absl::StatusOr<std::unique_ptr<agent::MetricsServer>> m = agent::MetricsServer::Start(
-        metrics_listen, std::make_shared<agent::AgentCollectable>(std::move(sources)),
-        absl::GetFlag(FLAGS_metrics_basic_auth_file));
+        endpoint, std::make_shared<agent::AgentCollectable>(std::move(sources)));
     if (!m.ok()) {
       SW_LOG_ERROR << m.status();
       (*ingest)->Stop();

@@ -40,7 +40,7 @@ RankExitTracker::RankExitTracker(RankExitTrackerOptions options) : options_(std:
 
 void RankExitTracker::Observe(absl::string_view job, int rank, pid_t pid, int64_t now_unix_nanos) {
   if (pid <= 0 || options_.max_tracked == 0) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto jit = jobs_.find(job);
   if (jit != jobs_.end()) {
     auto rit = jit->second.find(rank);
@@ -95,7 +95,7 @@ std::vector<v1::RankExit> RankExitTracker::Check(int64_t now_unix_nanos) {
   // ingest thread never waits on /proc.
   absl::flat_hash_map<pid_t, bool> gone;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (const auto& [job, ranks] : jobs_) {
       for (const auto& [rank, e] : ranks) gone.emplace(e.pid, false);
     }
@@ -106,7 +106,7 @@ std::vector<v1::RankExit> RankExitTracker::Check(int64_t now_unix_nanos) {
     any_gone = any_gone || is_gone;
   }
   std::vector<v1::RankExit> out;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (auto jit = jobs_.begin(); jit != jobs_.end();) {
     Ranks& ranks = jit->second;
     for (auto rit = ranks.begin(); rit != ranks.end();) {
@@ -144,7 +144,7 @@ std::vector<v1::RankExit> RankExitTracker::Check(int64_t now_unix_nanos) {
 }
 
 size_t RankExitTracker::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return size_;
 }
 

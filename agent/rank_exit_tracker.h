@@ -8,13 +8,13 @@
 
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "stepwatch/v1/stepwatch.pb.h"
 
@@ -40,15 +40,16 @@ class RankExitTracker {
 
   // Records that `pid` sent a step for (job, rank). pid 0 (unknown sender) is ignored. Thread-safe
   // and cheap: no system call, no allocation for a (job, rank) already tracked.
-  void Observe(absl::string_view job, int rank, pid_t pid, int64_t now_unix_nanos);
+  void Observe(absl::string_view job, int rank, pid_t pid, int64_t now_unix_nanos)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Checks every tracked pid (one check per distinct pid) and returns the (job, rank) entries whose
   // process is gone; they are forgotten, so each exit is reported once. A later step for the same
   // (job, rank) tracks it again. Also forgets entries unseen for forget_after. Thread-safe.
-  std::vector<v1::RankExit> Check(int64_t now_unix_nanos);
+  std::vector<v1::RankExit> Check(int64_t now_unix_nanos) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Entries held now.
-  size_t size() const;
+  size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Entry {
@@ -61,7 +62,7 @@ class RankExitTracker {
   void EvictOldest() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RankExitTrackerOptions options_;
-  mutable std::mutex mu_;
+  mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Ranks> jobs_ ABSL_GUARDED_BY(mu_);
   size_t size_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -43,7 +43,7 @@ Shipper::Shipper(const ShipperOptions& options, gpu::GpuSource* gpus, host::Host
                                          : options.boot_id),
       gpus_(gpus),
       host_(host),
-      clock_(options.clock ? options.clock : &system_clock_),
+      clock_(options.clock ? options.clock : &real_clock_),
       exits_(options.rank_exits) {
   latest_.node = options_.node_info;
 }
@@ -60,7 +60,7 @@ absl::Status Shipper::Start() {
     return absl::InvalidArgumentError("buffer and batch limits must be > 0");
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (started_) return absl::FailedPreconditionError("already started");
     started_ = true;
     if (options_.spool != nullptr) {
@@ -100,7 +100,7 @@ void Shipper::AddStep(v1::StepEvent&& event) {
   exits_.Observe(
       event.job(), event.rank(), event.pid(),
       event.received_unix_nanos() != 0 ? event.received_unix_nanos() : clock_->NowUnixNanos());
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (pending_.size() >= options_.max_pending_events) {
     ++stats_.events_dropped_total;
     return;
@@ -112,24 +112,24 @@ void Shipper::FlushNow() { CutBatches(/*with_samples=*/true); }
 
 void Shipper::Stop(absl::Duration flush_timeout) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopped_) return;
     stopped_ = true;
     stop_ticker_ = true;
     if (!started_) return;
   }
-  cv_.notify_all();
   if (ticker_.joinable()) ticker_.join();
+  bool has_pending = false;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    const bool has_pending = !pending_.empty();
-    lock.unlock();
-    if (has_pending) CutBatches(/*with_samples=*/false);
-    lock.lock();
+    absl::MutexLock lock(&mu_);
+    has_pending = !pending_.empty();
+  }
+  if (has_pending) CutBatches(/*with_samples=*/false);
+  {
+    absl::MutexLock lock(&mu_);
     // Bounded flush, and none at all while the collector is away: it cannot hold up shutdown.
-    const auto deadline =
-        std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(flush_timeout);
-    cv_.wait_until(lock, deadline, [this] { return buffer_.empty() || !stats_.connected; });
+    clock_->AwaitWithDeadline(&mu_, absl::Condition(this, &Shipper::FlushedOrDisconnected),
+                              clock_->TimeNow() + flush_timeout);
     if (!buffer_.empty()) {
       SW_LOG_WARNING << "shutting down with " << buffer_.size()
                      << " batches not acknowledged by the collector"
@@ -139,12 +139,11 @@ void Shipper::Stop(absl::Duration flush_timeout) {
     stop_ = true;
     if (context_ != nullptr) context_->TryCancel();
   }
-  cv_.notify_all();
   if (streamer_.joinable()) streamer_.join();
 }
 
 ShipperStats Shipper::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ShipperStats s = stats_;
   s.buffered_batches = buffer_.size();
   s.buffered_bytes = buffered_bytes_;
@@ -156,28 +155,29 @@ ShipperStats Shipper::stats() const {
 }
 
 NodeSnapshot Shipper::LatestSamples() const {
-  std::lock_guard<std::mutex> lock(sample_mu_);
+  absl::MutexLock lock(&sample_mu_);
   return latest_;
 }
 
 void Shipper::TickerLoop() {
-  const auto interval = absl::ToChronoNanoseconds(options_.interval);
-  auto next = std::chrono::steady_clock::now() + interval;
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_ticker_) {
-    if (cv_.wait_until(lock, next, [this] { return stop_ticker_; })) break;
-    lock.unlock();
+  absl::Time next = clock_->TimeNow() + options_.interval;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (clock_->AwaitWithDeadline(&mu_, absl::Condition(this, &Shipper::TickerStopping), next)) {
+        return;
+      }
+    }
     CutBatches(/*with_samples=*/true);
-    lock.lock();
-    next += interval;
+    next += options_.interval;
     // After a stall (suspended process, slow NVML) skip missed ticks instead of bursting.
-    const auto now = std::chrono::steady_clock::now();
-    if (next < now) next = now + interval;
+    const absl::Time now = clock_->TimeNow();
+    if (next < now) next = now + options_.interval;
   }
 }
 
 void Shipper::CutBatches(bool with_samples) {
-  std::lock_guard<std::mutex> cut_lock(cut_mu_);
+  absl::MutexLock cut_lock(&cut_mu_);
   const int64_t now = clock_->NowUnixNanos();
   v1::NodeInfo node = options_.node_info;
   std::vector<v1::GpuSample> gpus;
@@ -201,7 +201,7 @@ void Shipper::CutBatches(bool with_samples) {
     }
   }
   if (with_samples) {
-    std::lock_guard<std::mutex> lock(sample_mu_);
+    absl::MutexLock lock(&sample_mu_);
     latest_.node = node;
     latest_.gpus = gpus;
     latest_.host = host;
@@ -214,7 +214,7 @@ void Shipper::CutBatches(bool with_samples) {
 
   std::vector<v1::StepEvent> steps;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     steps.swap(pending_);
     stats_.rank_exits_total += exits.size();
     stats_.gpu_sample_errors_total += gpu_errors;
@@ -242,7 +242,7 @@ void Shipper::CutBatches(bool with_samples) {
   for (auto& x : exits) *batches.back()->add_rank_exits() = std::move(x);
 
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (auto& batch : batches) batch->set_seq(++last_seq_);
   }
   // Seqs are handed out in cut order (cut_mu_ is held), so the buffer stays sorted by seq.
@@ -250,7 +250,7 @@ void Shipper::CutBatches(bool with_samples) {
 
   std::vector<uint64_t> dropped;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (auto& batch : batches) {
       Entry e;
       e.seq = batch->seq();
@@ -270,7 +270,6 @@ void Shipper::CutBatches(bool with_samples) {
       ++stats_.batches_dropped_total;
     }
   }
-  cv_.notify_all();
   if (options_.spool != nullptr) {
     for (uint64_t seq : dropped) options_.spool->Remove(seq, /*dropped=*/true);
   }
@@ -287,16 +286,17 @@ void Shipper::SpoolBatches(const std::vector<std::shared_ptr<v1::ReportBatch>>& 
 }
 
 void Shipper::SleepUnlessStopped(absl::Duration d) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, absl::ToChronoNanoseconds(d), [this] { return stop_; });
+  absl::MutexLock lock(&mu_);
+  clock_->AwaitWithDeadline(&mu_, absl::Condition(this, &Shipper::Stopping), clock_->TimeNow() + d);
 }
 
 bool Shipper::WaitForChannel() {
-  const absl::Time deadline = absl::Now() + options_.connect_timeout;
+  // gRPC waits in real time, in short slices; the connect timeout is measured on the clock.
+  const absl::Time deadline = clock_->TimeNow() + options_.connect_timeout;
   bool tried = false;
-  while (absl::Now() < deadline) {
+  while (clock_->TimeNow() < deadline) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (stop_) return false;
     }
     const grpc_connectivity_state state = channel_->GetState(/*try_to_connect=*/true);
@@ -318,7 +318,7 @@ void Shipper::StreamLoop() {
   uint64_t failures = 0;
   while (true) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (stop_) return;
       ++stats_.connect_attempts_total;
     }
@@ -327,7 +327,7 @@ void Shipper::StreamLoop() {
       progressed = RunStream();
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (stop_) return;
     }
     if (progressed) {
@@ -352,7 +352,7 @@ bool Shipper::RunStream() {
     context.AddMetadata("authorization", options_.token->AuthorizationHeader());
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stop_) return false;
     context_ = &context;
     written_seq_ = 0;
@@ -365,33 +365,31 @@ bool Shipper::RunStream() {
   SW_LOG_INFO << "connected to collector " << options_.collector << " (agent_id "
               << options_.agent_id << ", boot_id " << boot_id_ << ")";
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stats_.connected = true;
     ++stats_.connects_total;
   }
   std::thread reader([this, &stream] {
     v1::IngestAck ack;
     while (stream->Read(&ack)) OnAck(ack);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stream_broken_ = true;
-    }
-    cv_.notify_all();
+    absl::MutexLock lock(&mu_);
+    stream_broken_ = true;
   });
 
   std::string why;
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   while (true) {
-    // Wake up now and then to check the acknowledgement deadline.
-    cv_.wait_for(lock, std::chrono::milliseconds(250), [this] {
-      return stop_ || stream_broken_ || (!buffer_.empty() && buffer_.back().seq > written_seq_);
-    });
+    // Until there is something to do, or the acknowledgement deadline. An acknowledgement that
+    // moves the deadline later only makes this wake early and wait again.
+    const absl::Time ack_deadline =
+        awaiting_ack_since_ ? *awaiting_ack_since_ + options_.ack_timeout : absl::InfiniteFuture();
+    clock_->AwaitWithDeadline(&mu_, absl::Condition(this, &Shipper::StreamHasWork), ack_deadline);
     if (stop_) break;
     if (stream_broken_) {
       why = "stream closed";
       break;
     }
-    if (awaiting_ack_since_ && absl::Now() - *awaiting_ack_since_ > options_.ack_timeout) {
+    if (awaiting_ack_since_ && clock_->TimeNow() >= *awaiting_ack_since_ + options_.ack_timeout) {
       why = absl::StrCat("no acknowledgement for ", absl::FormatDuration(options_.ack_timeout));
       break;
     }
@@ -404,10 +402,10 @@ bool Shipper::RunStream() {
     const bool resend = it->sent_before;
     it->sent_before = true;
     written_seq_ = it->seq;
-    if (!awaiting_ack_since_) awaiting_ack_since_ = absl::Now();
-    lock.unlock();
+    if (!awaiting_ack_since_) awaiting_ack_since_ = clock_->TimeNow();
+    mu_.Unlock();
     const bool ok = stream->Write(*batch);
-    lock.lock();
+    mu_.Lock();
     if (!ok) {
       why = "write failed";
       break;
@@ -418,8 +416,7 @@ bool Shipper::RunStream() {
   const bool acked = acked_on_stream_;
   if (stop_) why.clear();  // shutting down is not worth a warning
   stats_.connected = false;
-  lock.unlock();
-  cv_.notify_all();
+  mu_.Unlock();
 
   // A stream the collector closed has ended on its own, and Finish() then reports the
   // collector's status; otherwise cancelling is what unblocks the reader.
@@ -427,7 +424,7 @@ bool Shipper::RunStream() {
   reader.join();
   const grpc::Status status = stream->Finish();
   {
-    std::lock_guard<std::mutex> guard(mu_);
+    absl::MutexLock lock(&mu_);
     context_ = nullptr;
   }
   if (!why.empty()) {
@@ -441,7 +438,7 @@ bool Shipper::RunStream() {
 void Shipper::OnAck(const v1::IngestAck& ack) {
   std::vector<uint64_t> acked;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!ack.boot_id().empty() && ack.boot_id() != boot_id_) return;
     acked_on_stream_ = true;
     if (ack.acked_seq() <= acked_seq_) return;
@@ -462,10 +459,9 @@ void Shipper::OnAck(const v1::IngestAck& ack) {
     if (acked_seq_ >= written_seq_) {
       awaiting_ack_since_.reset();
     } else {
-      awaiting_ack_since_ = absl::Now();
+      awaiting_ack_since_ = clock_->TimeNow();
     }
   }
-  cv_.notify_all();
   if (options_.spool != nullptr) {
     for (uint64_t seq : acked) options_.spool->Remove(seq, /*dropped=*/false);
   }

@@ -7,11 +7,9 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -19,6 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/backoff.h"
 #include "agent/rank_exit_tracker.h"
@@ -69,7 +68,8 @@ struct ShipperOptions {
   // Sender processes of step events are checked every interval; the (job, rank) entries whose
   // process exited go out once in ReportBatch.rank_exits (a finished job, not a stalled one).
   RankExitTrackerOptions rank_exits;
-  // nullptr means the system clock.
+  // Time of batches and step events, and of every wait: the interval, the reconnect backoff, the
+  // connect, acknowledgement and flush timeouts. nullptr means the system clock.
   const Clock* clock = nullptr;
   // Channel credentials (security::MakeChannelCredentials); nullptr means plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
@@ -166,23 +166,34 @@ class Shipper {
   // Writes freshly cut batches to the spool before anyone may send them.
   void SpoolBatches(const std::vector<std::shared_ptr<v1::ReportBatch>>& batches);
   void OnAck(const v1::IngestAck& ack);
-  // Sleeps up to `d` unless Stop() is called.
-  void SleepUnlessStopped(absl::Duration d);
+  // Sleeps up to `d` on the clock unless Stop() is called.
+  void SleepUnlessStopped(absl::Duration d) ABSL_LOCKS_EXCLUDED(mu_);
+  // Conditions for the waits on mu_.
+  bool TickerStopping() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ticker_; }
+  bool Stopping() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_; }
+  bool FlushedOrDisconnected() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return buffer_.empty() || !stats_.connected;
+  }
+  // Something for the stream loop: stopping, a broken stream, or a batch this stream has not
+  // carried yet.
+  bool StreamHasWork() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return stop_ || stream_broken_ || (!buffer_.empty() && buffer_.back().seq > written_seq_);
+  }
 
   const ShipperOptions options_;
   const std::string boot_id_;
   gpu::GpuSource* const gpus_;
   host::HostSampler* const host_;
-  const SystemClock system_clock_;
+  const RealClock real_clock_;
   const Clock* const clock_;
   RankExitTracker exits_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Ingest::Stub> stub_;
 
   // Serializes CutBatches (ticker, FlushNow, Stop): the sources need not be thread-safe.
-  std::mutex cut_mu_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  absl::Mutex cut_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Waits on mu_ go through clock_ (AwaitWithDeadline), so that a SimulatedClock drives them.
+  mutable absl::Mutex mu_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ticker_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -203,7 +214,7 @@ class Shipper {
 
   LogRateLimiter spool_log_{3, std::chrono::seconds(60)};
 
-  mutable std::mutex sample_mu_;
+  mutable absl::Mutex sample_mu_;
   NodeSnapshot latest_ ABSL_GUARDED_BY(sample_mu_);
 
   std::thread ticker_;

@@ -222,7 +222,7 @@ absl::Status Spool::Load() {
   if (boot_id_.empty()) boot_id_ = MakeBootId();
   start_seq_ = max_seq;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (const auto& [seq, size] : sizes) bytes_ += size;
     files_ = std::move(sizes);
     stats_.corrupt_records_total = corrupt;
@@ -243,7 +243,7 @@ absl::Status Spool::WriteBootFile(uint64_t reserved) {
 }
 
 absl::Status Spool::Reserve(uint64_t seq) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (seq <= reserved_) return absl::OkStatus();
   const uint64_t reserved = seq + std::max<uint64_t>(options_.seq_lease, 1) - 1;
   if (absl::Status st = WriteBootFile(reserved); !st.ok()) {
@@ -258,7 +258,7 @@ absl::Status Spool::Write(const v1::ReportBatch& batch) {
   std::string record(kHeaderBytes, '\0');
   std::memcpy(record.data(), kMagic, sizeof(kMagic));
   if (!batch.AppendToString(&record)) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ++stats_.write_errors_total;
     return absl::InternalError("cannot serialize batch");
   }
@@ -282,7 +282,7 @@ absl::Status Spool::Write(const v1::ReportBatch& batch) {
   }
   // The rename itself must reach the disk too, or a power loss could forget the batch.
   if (st.ok() && options_.sync) st = SyncDir(options_.dir);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!st.ok()) {
     ++stats_.write_errors_total;
     return st;
@@ -294,7 +294,7 @@ absl::Status Spool::Write(const v1::ReportBatch& batch) {
 
 void Spool::Remove(uint64_t seq, bool dropped) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = files_.find(seq);
     if (it == files_.end()) return;
     bytes_ -= it->second;
@@ -309,7 +309,7 @@ void Spool::Remove(uint64_t seq, bool dropped) {
 }
 
 SpoolStats Spool::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   SpoolStats s = stats_;
   s.batches = files_.size();
   s.bytes = bytes_;

@@ -17,7 +17,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -25,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "stepwatch/v1/stepwatch.pb.h"
 
 namespace stepwatch::agent {
@@ -73,17 +73,17 @@ class Spool {
 
   // Persists that seqs up to `seq` may be used (extends the lease in the boot file when needed).
   // Call before writing batches with such seqs.
-  absl::Status Reserve(uint64_t seq);
+  absl::Status Reserve(uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_);
   // Writes a batch (its seq set) durably. The caller keeps it in memory either way.
-  absl::Status Write(const v1::ReportBatch& batch);
+  absl::Status Write(const v1::ReportBatch& batch) ABSL_LOCKS_EXCLUDED(mu_);
   // Deletes batch `seq`: acknowledged, or `dropped` to make room.
-  void Remove(uint64_t seq, bool dropped);
+  void Remove(uint64_t seq, bool dropped) ABSL_LOCKS_EXCLUDED(mu_);
 
-  SpoolStats stats() const;
+  SpoolStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   Spool(const SpoolOptions& options, std::string agent_id, int lock_fd);
-  absl::Status Load();
+  absl::Status Load() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status WriteBootFile(uint64_t reserved);
   std::string BatchPath(uint64_t seq, absl::string_view ext) const;
 
@@ -94,7 +94,7 @@ class Spool {
   uint64_t start_seq_ = 0;
   std::vector<std::shared_ptr<v1::ReportBatch>> recovered_;
 
-  mutable std::mutex mu_;
+  mutable absl::Mutex mu_;
   uint64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
   // seq -> file size of every batch on disk.
   std::map<uint64_t, uint64_t> files_ ABSL_GUARDED_BY(mu_);

@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/json.h"
-#include "common/text.h"
 
 namespace stepwatch::agent {
 
@@ -37,64 +36,11 @@ const char* RejectReasonName(RejectReason reason) {
 
 namespace {
 
-enum class Kind { kString, kInt32, kInt64, kDouble };
-
-// Which constraint a numeric field has beyond its type.
-enum class Bound { kNone, kNonNegative, kPositive };
-
-enum FieldId {
-  kJob,
-  kRank,
-  kWorldSize,
-  kStep,
-  kStepS,
-  kDataS,
-  kComputeS,
-  kCommS,
-  kSamples,
-  kLocalRank,
-  kGpu,
-  kDpRank,
-  kPpStage,
-  kTpRank,
-  kDropped,
-  kFieldCount,
-};
-
-struct FieldSpec {
-  const char* snake;
-  const char* camel;
-  Kind kind;
-  bool required;
-  Bound bound;
-};
-
-// Indexed by FieldId.
-constexpr FieldSpec kFields[kFieldCount] = {
-    {"job", "job", Kind::kString, true, Bound::kNone},
-    {"rank", "rank", Kind::kInt32, true, Bound::kNonNegative},
-    {"world_size", "worldSize", Kind::kInt32, true, Bound::kPositive},
-    {"step", "step", Kind::kInt64, true, Bound::kNonNegative},
-    {"step_s", "stepS", Kind::kDouble, true, Bound::kPositive},
-    {"data_s", "dataS", Kind::kDouble, false, Bound::kNonNegative},
-    {"compute_s", "computeS", Kind::kDouble, false, Bound::kNonNegative},
-    {"comm_s", "commS", Kind::kDouble, false, Bound::kNonNegative},
-    {"samples", "samples", Kind::kInt64, false, Bound::kNonNegative},
-    {"local_rank", "localRank", Kind::kInt32, false, Bound::kNonNegative},
-    {"gpu", "gpu", Kind::kInt32, false, Bound::kNonNegative},
-    {"dp_rank", "dpRank", Kind::kInt32, false, Bound::kNonNegative},
-    {"pp_stage", "ppStage", Kind::kInt32, false, Bound::kNonNegative},
-    {"tp_rank", "tpRank", Kind::kInt32, false, Bound::kNonNegative},
-    // Not part of the step: the client's count of events it failed to send (ClientReport).
-    {"dropped", "dropped", Kind::kInt64, false, Bound::kNonNegative},
-};
-
-int FindField(absl::string_view key) {
-  for (int i = 0; i < kFieldCount; ++i) {
-    if (key == kFields[i].snake || key == kFields[i].camel) return i;
-  }
-  return -1;
-}
+using step_event::FieldId;
+using step_event::FieldType;
+using step_event::FindField;
+using step_event::kFieldCount;
+using step_event::kFieldRules;
 
 // A parsed field value before range checks.
 struct Slot {
@@ -106,10 +52,12 @@ struct Slot {
 
 Rejection Reject(RejectReason reason, std::string detail) { return {reason, std::move(detail)}; }
 
-// Converts one JSON member into its slot, checking the type and the bound.
-std::optional<Rejection> TakeValue(const FieldSpec& spec, const json::Value& v, Slot* slot) {
-  const char* name = spec.snake;
-  if (spec.kind == Kind::kString) {
+// Converts one JSON member into its slot, checking its type; the ranges are checked once every
+// field is known (step_event::Validate).
+std::optional<Rejection> TakeValue(const step_event::FieldRule& rule, const json::Value& v,
+                                   Slot* slot) {
+  const char* name = rule.name;
+  if (rule.type == FieldType::kString) {
     if (!v.is_string()) {
       return Reject(RejectReason::kWrongType,
                     absl::StrCat(name, " must be a string, got ", json::Value::TypeName(v.type())));
@@ -122,17 +70,8 @@ std::optional<Rejection> TakeValue(const FieldSpec& spec, const json::Value& v, 
     return Reject(RejectReason::kWrongType,
                   absl::StrCat(name, " must be a number, got ", json::Value::TypeName(v.type())));
   }
-  if (spec.kind == Kind::kDouble) {
-    const double d = v.as_double();
-    if (!std::isfinite(d))
-      return Reject(RejectReason::kOutOfRange, absl::StrCat(name, " is not finite"));
-    if (spec.bound == Bound::kPositive && !(d > 0)) {
-      return Reject(RejectReason::kOutOfRange, absl::StrCat(name, " must be > 0, got ", d));
-    }
-    if (spec.bound == Bound::kNonNegative && d < 0) {
-      return Reject(RejectReason::kOutOfRange, absl::StrCat(name, " must be >= 0, got ", d));
-    }
-    slot->number = d;
+  if (rule.type == FieldType::kNumber) {
+    slot->number = v.as_double();
     slot->present = true;
     return std::nullopt;
   }
@@ -144,18 +83,7 @@ std::optional<Rejection> TakeValue(const FieldSpec& spec, const json::Value& v, 
     }
     return Reject(RejectReason::kWrongType, absl::StrCat(name, " must be an integer, got ", d));
   }
-  const int64_t i = v.as_int64();
-  if (spec.kind == Kind::kInt32 &&
-      (i > std::numeric_limits<int32_t>::max() || i < std::numeric_limits<int32_t>::min())) {
-    return Reject(RejectReason::kOutOfRange, absl::StrCat(name, " does not fit in 32 bits: ", i));
-  }
-  if (spec.bound == Bound::kPositive && i <= 0) {
-    return Reject(RejectReason::kOutOfRange, absl::StrCat(name, " must be > 0, got ", i));
-  }
-  if (spec.bound == Bound::kNonNegative && i < 0) {
-    return Reject(RejectReason::kOutOfRange, absl::StrCat(name, " must be >= 0, got ", i));
-  }
-  slot->integer = i;
+  slot->integer = v.as_int64();
   slot->present = true;
   return std::nullopt;
 }
@@ -169,18 +97,19 @@ struct Member {
 // Type-checks the members in document order, then checks presence. Fills `slots`.
 std::optional<Rejection> TakeMembers(const Member* members, size_t count, Slot* slots) {
   for (size_t i = 0; i < count; ++i) {
-    const FieldSpec& spec = kFields[members[i].id];
+    const step_event::FieldRule& rule = kFieldRules[members[i].id];
     Slot& slot = slots[members[i].id];
     if (slot.present) {
-      return Reject(RejectReason::kDuplicateField, absl::StrCat(spec.snake, " given twice"));
+      return Reject(RejectReason::kDuplicateField, absl::StrCat(rule.name, " given twice"));
     }
     // proto3 JSON: null means "absent".
     if (members[i].value->is_null()) continue;
-    if (auto rejection = TakeValue(spec, *members[i].value, &slot)) return rejection;
+    if (auto rejection = TakeValue(rule, *members[i].value, &slot)) return rejection;
   }
   for (int id = 0; id < kFieldCount; ++id) {
-    if (kFields[id].required && !slots[id].present) {
-      return Reject(RejectReason::kMissingField, absl::StrCat(kFields[id].snake, " is required"));
+    if (kFieldRules[id].required && !slots[id].present) {
+      return Reject(RejectReason::kMissingField,
+                    absl::StrCat(kFieldRules[id].name, " is required"));
     }
   }
   return std::nullopt;
@@ -387,61 +316,51 @@ std::optional<Rejection> Parse(absl::string_view datagram, bool fast_path, v1::S
     }
     if (auto rejection = TakeMembers(members.data(), members.size(), slots)) return rejection;
   }
-  const std::string& job = slots[kJob].text;
-  if (job.empty()) return Reject(RejectReason::kOutOfRange, "job must not be empty");
-  if (job.size() > kMaxJobBytes) {
-    return Reject(RejectReason::kOutOfRange,
-                  absl::StrCat("job is ", job.size(), " bytes, the limit is ", kMaxJobBytes));
-  }
-  // Terminal escape sequences start with control characters.
-  if (size_t at = FindControlCharacter(job); at != absl::string_view::npos) {
-    return Reject(RejectReason::kOutOfRange,
-                  absl::StrCat("job contains a control character at byte ", at));
-  }
-  if (slots[kWorldSize].integer > kMaxWorldSize) {
-    return Reject(RejectReason::kOutOfRange, absl::StrCat("world_size ", slots[kWorldSize].integer,
-                                                          " is over ", kMaxWorldSize));
-  }
-  for (int id : {kStepS, kDataS, kComputeS, kCommS}) {
-    if (slots[id].present && slots[id].number > kMaxStepSeconds) {
-      return Reject(RejectReason::kOutOfRange,
-                    absl::StrCat(kFields[id].snake, " ", slots[id].number, " s is over a day"));
-    }
-  }
-  for (int id : {kGpu, kLocalRank}) {
-    if (slots[id].present && slots[id].integer > kMaxGpuIndex) {
-      return Reject(
-          RejectReason::kOutOfRange,
-          absl::StrCat(kFields[id].snake, " ", slots[id].integer, " is over ", kMaxGpuIndex));
-    }
-  }
-  if (slots[kRank].integer >= slots[kWorldSize].integer) {
-    return Reject(
-        RejectReason::kOutOfRange,
-        absl::StrCat("rank ", slots[kRank].integer, " >= world_size ", slots[kWorldSize].integer));
+  using step_event::FieldId;
+  auto number = [&](FieldId id) {
+    return slots[id].present ? std::optional<double>(slots[id].number) : std::nullopt;
+  };
+  auto integer = [&](FieldId id) {
+    return slots[id].present ? std::optional<int64_t>(slots[id].integer) : std::nullopt;
+  };
+  step_event::Fields fields;
+  fields.job = slots[step_event::kJob].text;
+  fields.rank = slots[step_event::kRank].integer;
+  fields.world_size = slots[step_event::kWorldSize].integer;
+  fields.step = slots[step_event::kStep].integer;
+  fields.step_seconds = slots[step_event::kStepS].number;
+  fields.data_seconds = number(step_event::kDataS);
+  fields.compute_seconds = number(step_event::kComputeS);
+  fields.comm_seconds = number(step_event::kCommS);
+  fields.samples = integer(step_event::kSamples);
+  fields.local_rank = integer(step_event::kLocalRank);
+  fields.gpu = integer(step_event::kGpu);
+  fields.dp_rank = integer(step_event::kDpRank);
+  fields.pp_stage = integer(step_event::kPpStage);
+  fields.tp_rank = integer(step_event::kTpRank);
+  fields.dropped = integer(step_event::kDropped);
+  if (absl::Status valid = step_event::Validate(fields); !valid.ok()) {
+    return Reject(RejectReason::kOutOfRange, std::string(valid.message()));
   }
 
-  event->set_job(job);
-  event->set_rank(static_cast<int32_t>(slots[kRank].integer));
-  event->set_world_size(static_cast<int32_t>(slots[kWorldSize].integer));
-  event->set_step(slots[kStep].integer);
-  event->set_step_s(slots[kStepS].number);
-  if (slots[kDataS].present) event->set_data_s(slots[kDataS].number);
-  if (slots[kComputeS].present) event->set_compute_s(slots[kComputeS].number);
-  if (slots[kCommS].present) event->set_comm_s(slots[kCommS].number);
-  if (slots[kSamples].present) event->set_samples(slots[kSamples].integer);
-  if (slots[kLocalRank].present)
-    event->set_local_rank(static_cast<int32_t>(slots[kLocalRank].integer));
-  if (slots[kGpu].present) event->set_gpu(static_cast<int32_t>(slots[kGpu].integer));
-  if (slots[kDpRank].present) event->set_dp_rank(static_cast<int32_t>(slots[kDpRank].integer));
-  if (slots[kPpStage].present) event->set_pp_stage(static_cast<int32_t>(slots[kPpStage].integer));
-  if (slots[kTpRank].present) event->set_tp_rank(static_cast<int32_t>(slots[kTpRank].integer));
-  if (report != nullptr && slots[kDropped].present) {
-    report->dropped = static_cast<uint64_t>(slots[kDropped].integer);
-  }
+  // The rules bound every integer below to 32 bits.
+  event->set_job(std::string(fields.job));
+  event->set_rank(static_cast<int32_t>(fields.rank));
+  event->set_world_size(static_cast<int32_t>(fields.world_size));
+  event->set_step(fields.step);
+  event->set_step_seconds(fields.step_seconds);
+  if (fields.data_seconds) event->set_data_seconds(*fields.data_seconds);
+  if (fields.compute_seconds) event->set_compute_seconds(*fields.compute_seconds);
+  if (fields.comm_seconds) event->set_comm_seconds(*fields.comm_seconds);
+  if (fields.samples) event->set_samples(*fields.samples);
+  if (fields.local_rank) event->set_local_rank(static_cast<int32_t>(*fields.local_rank));
+  if (fields.gpu) event->set_gpu(static_cast<int32_t>(*fields.gpu));
+  if (fields.dp_rank) event->set_dp_rank(static_cast<int32_t>(*fields.dp_rank));
+  if (fields.pp_stage) event->set_pp_stage(static_cast<int32_t>(*fields.pp_stage));
+  if (fields.tp_rank) event->set_tp_rank(static_cast<int32_t>(*fields.tp_rank));
+  if (report != nullptr && fields.dropped) report->dropped = static_cast<uint64_t>(*fields.dropped);
   return std::nullopt;
 }
-
 }  // namespace
 
 std::optional<Rejection> ParseStepEvent(absl::string_view datagram, v1::StepEvent* event,

@@ -1,5 +1,5 @@
-// Validation of the step-event datagram (DESIGN.md, "Step event datagram, v1"): one JSON object in,
-// one v1::StepEvent or a reason for rejecting it out.
+// Parsing of the step-event datagram (docs/step-event.md): one JSON object in, one v1::StepEvent or
+// a reason for rejecting it out. The rules themselves live in common/step_event_rules.h.
 #pragma once
 
 #include <cstddef>
@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "common/step_event_rules.h"
 #include "stepwatch/v1/stepwatch.pb.h"
 
 namespace stepwatch::agent {
@@ -18,7 +19,7 @@ enum class RejectReason {
   kNotObject,       // valid JSON, but not an object
   kMissingField,    // a required field is absent (or null)
   kWrongType,       // e.g. a string where a number belongs, 1.5 where an integer belongs
-  kOutOfRange,      // NaN/Inf, negative durations, rank >= world_size, step < 0, step_s <= 0, ...
+  kOutOfRange,      // any rule of common/step_event_rules.h: rank >= world_size, step_s <= 0, ...
   kTooLarge,        // datagram over the size limit
   kDuplicateField,  // the same field twice, e.g. as "world_size" and "worldSize"
   kNotOwner,        // (job, rank) is bound to another live process (checked by the ingest server)
@@ -34,16 +35,9 @@ struct Rejection {
   std::string detail;
 };
 
-// The largest datagram accepted (DESIGN.md: "a datagram over 64 KiB" is rejected).
-inline constexpr size_t kMaxDatagramBytes = 64 * 1024;
-// Longer job ids are rejected: they become label values downstream. Control characters in them
-// are rejected too (they would reach terminals and label values).
-inline constexpr size_t kMaxJobBytes = 256;
-// A step (or a part of one) longer than a day is a bug or an attack, not a measurement.
-inline constexpr double kMaxStepSeconds = 86400;
-// Larger world sizes and GPU indices are not real: they would only size tables downstream.
-inline constexpr int64_t kMaxWorldSize = 1 << 20;
-inline constexpr int64_t kMaxGpuIndex = 1023;
+// The largest datagram accepted, and the longest job id (docs/step-event.md).
+inline constexpr size_t kMaxDatagramBytes = step_event::kMaxDatagramBytes;
+inline constexpr size_t kMaxJobBytes = step_event::kMaxJobBytes;
 
 // What a message says about its sender rather than about the step.
 struct ClientReport {

@@ -2,15 +2,10 @@
 
 #include <algorithm>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "analysis/finding.h"
-
 namespace stepwatch::analysis {
 namespace {
 
-bool LowClock(const GpuReading& x, double low_clock_ratio) {
+bool LowClock(const GpuSample& x, double low_clock_ratio) {
   return x.sm_clock_mhz && x.sm_clock_max_mhz && *x.sm_clock_max_mhz > 0 &&
          *x.sm_clock_mhz < low_clock_ratio * *x.sm_clock_max_mhz;
 }
@@ -35,43 +30,40 @@ void AddCause(Cause c, std::vector<Cause>* causes) {
   if (std::find(causes->begin(), causes->end(), c) == causes->end()) causes->push_back(c);
 }
 
-Evidence GpuSlowdowns(const GpuReading& x, const EngineOptions& opt) {
-  Evidence ev;
+std::vector<Cause> GpuSlowdowns(const GpuSample& x, const EngineOptions& opt, DeviceEvidence* dev) {
+  std::vector<Cause> causes;
   const uint64_t mask = x.throttle_reasons.value_or(0);
-  if (mask & (0x20ull | 0x40ull)) AddCause(Cause::kThermalThrottling, &ev.causes);
-  if (mask & (0x4ull | 0x80ull)) AddCause(Cause::kPowerThrottling, &ev.causes);
-  if (mask & 0x8ull) AddCause(Cause::kHardwareSlowdown, &ev.causes);
+  if (mask & (0x20ull | 0x40ull)) AddCause(Cause::kThermalThrottling, &causes);
+  if (mask & (0x4ull | 0x80ull)) AddCause(Cause::kPowerThrottling, &causes);
+  if (mask & 0x8ull) AddCause(Cause::kHardwareSlowdown, &causes);
   const bool low_clock = LowClock(x, opt.low_clock_ratio);
-  if (low_clock && ev.causes.empty()) ev.causes.push_back(Cause::kLowClocks);
-  std::string clock;
+  if (low_clock && causes.empty()) causes.push_back(Cause::kLowClocks);
+  const bool capped = mask & 0x4ull;
+  const bool at_cap = x.power_watts && x.power_limit_watts && *x.power_limit_watts > 0 &&
+                      *x.power_watts >= opt.power_cap_ratio * *x.power_limit_watts;
+  if (at_cap && !capped) AddCause(Cause::kPowerThrottling, &causes);
+  if (dev == nullptr) return causes;
   if (low_clock) {
-    clock = absl::StrFormat("SM clock %.0f of %.0f MHz", *x.sm_clock_mhz, *x.sm_clock_max_mhz);
+    dev->sm_clock_mhz = x.sm_clock_mhz;
+    dev->sm_clock_max_mhz = x.sm_clock_max_mhz;
   }
-  const std::vector<std::string> reasons = DecodeThrottleReasons(mask);
-  if (!clock.empty() && !reasons.empty()) {
-    ev.texts.push_back(absl::StrCat(clock, ", ", absl::StrJoin(reasons, ", ")));
-  } else if (!clock.empty()) {
-    ev.texts.push_back(clock);
-  } else if (!reasons.empty()) {
-    ev.texts.push_back(absl::StrJoin(reasons, ", "));
+  if (!DecodeThrottleReasons(mask).empty()) dev->throttle_reasons = mask;
+  if (mask & (0x20ull | 0x40ull)) dev->temperature_celsius = x.temperature_celsius;
+  if (at_cap) {
+    dev->power_watts = x.power_watts;
+    dev->power_limit_watts = x.power_limit_watts;
   }
-  const bool capped = std::find(reasons.begin(), reasons.end(), "power capping") != reasons.end();
-  if (x.power_watts && x.power_limit_watts && *x.power_limit_watts > 0 &&
-      *x.power_watts >= opt.power_cap_ratio * *x.power_limit_watts && !capped) {
-    AddCause(Cause::kPowerThrottling, &ev.causes);
-    ev.texts.push_back(
-        absl::StrFormat("at power cap (%.0f of %.0f W)", *x.power_watts, *x.power_limit_watts));
-  }
-  return ev;
+  return causes;
 }
 
-bool AtFullSpeed(const GpuReading& x, const EngineOptions& opt) {
+bool AtFullSpeed(const GpuSample& x, const EngineOptions& opt) {
   const bool clocks_known = x.sm_clock_mhz.has_value() || x.throttle_reasons.has_value();
-  return clocks_known && GpuSlowdowns(x, opt).causes.empty();
+  return clocks_known && GpuSlowdowns(x, opt, nullptr).empty();
 }
 
-std::optional<double> SaturatedHostCpu(const std::map<std::string, HostReading>& hosts,
-                                       const std::string& node, const EngineOptions& opt) {
+std::optional<double> SaturatedHostCpu(const std::map<std::string, HostSample>& hosts,
+                                       const std::string& node, const EngineOptions& opt,
+                                       double* median_out) {
   auto hit = hosts.find(node);
   if (hit == hosts.end() || !hit->second.cpu_utilization_ratio ||
       *hit->second.cpu_utilization_ratio < opt.host_cpu_saturated) {
@@ -86,23 +78,36 @@ std::optional<double> SaturatedHostCpu(const std::map<std::string, HostReading>&
   if (all.size() > 1 && *hit->second.cpu_utilization_ratio - median < opt.host_cpu_above_median) {
     return std::nullopt;
   }
+  if (median_out != nullptr) *median_out = median;
   return *hit->second.cpu_utilization_ratio;
 }
 
-Evidence DeviceEvidence(const GpuInfo* g, const std::map<std::string, HostReading>& hosts,
-                        const std::string& node, const EngineOptions& opt) {
-  Evidence ev;
+void SetGpuBusy(const GpuInfo& g, DeviceEvidence* dev) {
+  if (!g.has_value) return;
+  if (g.last.sm_activity_ratio) {
+    dev->sm_activity_ratio = g.value;
+  } else {
+    dev->utilization_ratio = g.value;
+  }
+}
+
+std::vector<Cause> DeviceCauses(const GpuInfo* g, const std::map<std::string, HostSample>& hosts,
+                                const std::string& node, const EngineOptions& opt,
+                                DeviceEvidence* dev) {
+  std::vector<Cause> causes;
+  dev->node = node;
   if (g != nullptr) {
-    ev = GpuSlowdowns(g->last, opt);
-    if (g->has_value && g->value < opt.underutil_threshold) {
-      ev.texts.push_back(absl::StrCat("GPU utilization ", Percent(g->value)));
-    }
+    dev->gpu = g->last.index;
+    causes = GpuSlowdowns(g->last, opt, dev);
+    if (g->has_value && g->value < opt.underutil_threshold) SetGpuBusy(*g, dev);
   }
-  if (std::optional<double> cpu = SaturatedHostCpu(hosts, node, opt)) {
-    AddCause(Cause::kHostCpu, &ev.causes);
-    ev.texts.push_back(absl::StrCat("host CPU ", Percent(*cpu)));
+  double median = 0;
+  if (std::optional<double> cpu = SaturatedHostCpu(hosts, node, opt, &median)) {
+    AddCause(Cause::kHostCpu, &causes);
+    dev->host_cpu_ratio = cpu;
+    dev->host_cpu_median_ratio = median;
   }
-  return ev;
+  return causes;
 }
 
 bool FullSpeedAndBusy(const GpuInfo* g, const EngineOptions& opt) {
@@ -120,47 +125,6 @@ bool IsDeviceCause(Cause c) {
       return true;
     default:
       return false;
-  }
-}
-
-std::string DeviceAction(Cause cause, const std::string& node, int gpu) {
-  const std::string where = node.empty() ? std::string("its node") : node;
-  const std::string device =
-      gpu >= 0 ? absl::StrCat(where, " GPU ", gpu) : absl::StrCat(where, "'s GPUs");
-  switch (cause) {
-    case Cause::kThermalThrottling:
-      return absl::StrCat("drain ", where, " or inspect ", device, ": cooling (fans, airflow)");
-    case Cause::kPowerThrottling:
-      return absl::StrCat("drain ", where, " or inspect ", device,
-                          ": power limit and power supply");
-    case Cause::kHardwareSlowdown:
-      return absl::StrCat("drain ", where, " and inspect ", device,
-                          " (hardware slowdown: power brake, faulty part)");
-    case Cause::kLowClocks:
-      return absl::StrCat("drain ", where, " or inspect ", device,
-                          ": clock settings (application clocks, clock locks)");
-    case Cause::kHostCpu:
-      return absl::StrCat("drain ", where, " or inspect its host: CPU load (other processes, ",
-                          "data-loader threads)");
-    case Cause::kDataLoading:
-      return absl::StrCat("more data-loader workers or faster storage on ", where);
-    default:
-      return absl::StrCat("drain ", where, " or inspect ", device, " and its host");
-  }
-}
-
-std::string JobAction(Cause cause) {
-  switch (cause) {
-    case Cause::kExposedComm:
-      return "overlap communication with compute (bucketed, asynchronous collectives) or check "
-             "the network";
-    case Cause::kImbalance:
-      return "find the ranks the others wait for (stepwatchctl explain, flagged ranks) and fix or "
-             "drain their nodes, or rebalance their work";
-    case Cause::kDataLoading:
-      return "more data-loader workers or faster storage";
-    default:
-      return "profile a step (no dominant loss in the step's split)";
   }
 }
 

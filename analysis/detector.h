@@ -33,11 +33,11 @@ struct EngineView {
   const EngineOptions& options;
 };
 
-// One complete step: entries sorted by (peer group, rank); `step_s` is the median step time.
+// One complete step: entries sorted by (peer group, rank); `step_seconds` is the median step time.
 struct StepView {
   int64_t step = 0;
   int64_t nanos = 0;
-  double step_s = 0;
+  double step_seconds = 0;
   const std::vector<Entry>& entries;
 };
 

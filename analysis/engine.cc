@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "analysis/detector.h"
 #include "analysis/detectors/scaling.h"
+#include "analysis/finding_render.h"
 #include "analysis/registry.h"
 #include "analysis/stats.h"
 #include "analysis/timing.h"
@@ -32,9 +33,9 @@ class Engine::Impl {
     }
   }
 
-  absl::Status AddStep(const StepSample& s);
-  void AddGpu(const GpuReading& reading);
-  void AddHost(const HostReading& reading) {
+  absl::Status AddStep(const StepEvent& s);
+  void AddGpu(const GpuSample& reading);
+  void AddHost(const HostSample& reading) {
     now_ = std::max(now_, reading.sampled_unix_nanos);
     registry_.UpdateHost(reading);
   }
@@ -49,7 +50,7 @@ class Engine::Impl {
     if (job == nullptr) return std::nullopt;
     return Snapshot(*job);
   }
-  std::vector<RankSnapshot> Ranks(absl::string_view name) const;
+  std::vector<RankSnapshot> Ranks(absl::string_view name, int first, int end) const;
   std::vector<Finding> Findings() const;
   std::optional<FinishedJob> MarkRankExited(absl::string_view name, int rank, int pid,
                                             int64_t nanos);
@@ -61,6 +62,17 @@ class Engine::Impl {
     return r.present && r.node == node;
   }
   void RemoveNode(absl::string_view node);
+  size_t JobCount() const { return registry_.jobs().size(); }
+  std::optional<int> KnownRanks(absl::string_view name) const {
+    const JobRecord* job = registry_.FindJob(name);
+    if (job == nullptr) return std::nullopt;
+    return job->present_ranks;
+  }
+  bool RankKnown(absl::string_view name, int rank) const {
+    const JobRecord* job = registry_.FindJob(name);
+    return job != nullptr && rank >= 0 && rank < job->world_size && job->ranks[rank].present;
+  }
+  const EngineOptions& options() const { return opt_; }
   std::string SerializeScalingHistory() const { return scaling_->SerializeHistory(); }
   absl::Status LoadScalingHistory(absl::string_view data) { return scaling_->LoadHistory(data); }
   std::map<std::string, DetectorTiming> DetectorTimings() const {
@@ -100,8 +112,8 @@ class Engine::Impl {
   std::vector<double> scratch_;
 };
 
-absl::Status Engine::Impl::AddStep(const StepSample& s) {
-  if (absl::Status valid = ValidateStepSample(s); !valid.ok()) return valid;
+absl::Status Engine::Impl::AddStep(const StepEvent& s) {
+  if (absl::Status valid = ValidateStepEvent(s); !valid.ok()) return valid;
   if (s.world_size > opt_.max_ranks_per_job) {
     return absl::ResourceExhaustedError(
         absl::StrCat("world_size ", s.world_size, " over the limit ", opt_.max_ranks_per_job));
@@ -161,7 +173,7 @@ absl::Status Engine::Impl::AddStep(const StepSample& s) {
   return absl::OkStatus();
 }
 
-void Engine::Impl::AddGpu(const GpuReading& reading) {
+void Engine::Impl::AddGpu(const GpuSample& reading) {
   now_ = std::max(now_, reading.sampled_unix_nanos);
   GpuInfo& g = registry_.UpdateGpu(reading);
   if (g.states.empty()) {
@@ -228,9 +240,9 @@ void Engine::Impl::ProcessStep(JobRecord& job, int64_t step, Pending& p) {
     RankInfo& r = job.ranks.Mutable(e.rank);
     const GpuInfo* g = registry_.GpuOf(r);
     if (g == nullptr || !g->last.sm_activity_ratio) continue;
-    e.busy = std::clamp(*g->last.sm_activity_ratio, 0.0, 1.0) * e.step_s;
+    e.busy = std::clamp(*g->last.sm_activity_ratio, 0.0, 1.0) * e.step_seconds;
     e.compute = e.busy;
-    e.wait = e.step_s - e.busy;
+    e.wait = e.step_seconds - e.busy;
     e.unknown_split = false;
     // GPUs are sampled on their own clock: a reading spanning several steps is scored once.
     e.stale = g->last.sampled_unix_nanos == r.last_gpu_nanos;
@@ -248,17 +260,17 @@ void Engine::Impl::ProcessStep(JobRecord& job, int64_t step, Pending& p) {
     r.history.Push(StepVals{static_cast<float>(e.busy), static_cast<float>(e.compute),
                             static_cast<float>(e.data), static_cast<float>(e.wait)});
   }
-  const StepView view{step, p.last_nanos, sum.step_s, es};
+  const StepView view{step, p.last_nanos, sum.step_seconds, es};
   clock_.Timed(on_step_,
                [&](size_t i) { detectors_[i]->OnStep(View(job), view, job.states[i].get()); });
 }
 
-std::vector<RankSnapshot> Engine::Impl::Ranks(absl::string_view name) const {
+std::vector<RankSnapshot> Engine::Impl::Ranks(absl::string_view name, int first, int end) const {
   std::vector<RankSnapshot> out;
   const JobRecord* job = registry_.FindJob(name);
   if (job == nullptr) return out;
   std::vector<double> scratch;
-  for (int i = 0; i < job->world_size; ++i) {
+  for (int i = std::max(first, 0); i < std::min(end, job->world_size); ++i) {
     const RankInfo& r = job->ranks[i];
     if (!r.present) continue;
     RankSnapshot rs;
@@ -271,10 +283,10 @@ std::vector<RankSnapshot> Engine::Impl::Ranks(absl::string_view name) const {
       for (size_t k = 0; k < r.history.size(); ++k) scratch.push_back(r.history[k].*field);
       return MedianInPlace(scratch);
     };
-    rs.busy_s = median_of(&StepVals::busy);
-    rs.compute_s = median_of(&StepVals::compute);
-    rs.data_s = median_of(&StepVals::data);
-    rs.comm_s = median_of(&StepVals::comm);
+    rs.busy_seconds = median_of(&StepVals::busy);
+    rs.compute_seconds = median_of(&StepVals::compute);
+    rs.data_seconds = median_of(&StepVals::data);
+    rs.comm_seconds = median_of(&StepVals::comm);
     for (size_t d = 0; d < detectors_.size(); ++d) {
       detectors_[d]->AnnotateRank(View(*job), job->states[d].get(), i, &rs);
     }
@@ -287,6 +299,7 @@ void Engine::Impl::JobFindings(const JobRecord& job, std::vector<Finding>* out) 
   std::vector<Finding> found;
   clock_.Timed(on_evaluate_,
                [&](size_t i) { detectors_[i]->Evaluate(View(job), job.states[i].get(), &found); });
+  for (Finding& f : found) RenderFinding(&f);
   out->insert(out->end(), std::make_move_iterator(found.begin()),
               std::make_move_iterator(found.end()));
 }
@@ -294,11 +307,13 @@ void Engine::Impl::JobFindings(const JobRecord& job, std::vector<Finding>* out) 
 std::vector<Finding> Engine::Impl::Findings() const {
   std::vector<Finding> out;
   for (const auto& [name, job] : registry_.jobs()) JobFindings(*job, &out);
+  const size_t gpu_findings = out.size();
   clock_.Timed(on_gpu_, [&](size_t i) {
     for (const auto& [key, g] : registry_.gpus()) {
       detectors_[i]->EvaluateGpu(View(), g, g.states[i].get(), &out);
     }
   });
+  for (size_t i = gpu_findings; i < out.size(); ++i) RenderFinding(&out[i]);
   std::stable_sort(out.begin(), out.end(), [](const Finding& a, const Finding& b) {
     return std::tie(a.job, a.kind, a.rank, a.node, a.gpu) <
            std::tie(b.job, b.kind, b.rank, b.node, b.gpu);
@@ -381,13 +396,18 @@ JobSnapshot Engine::Impl::Snapshot(const JobRecord& job) const {
 
 Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 Engine::~Engine() = default;
-absl::Status Engine::AddStep(const StepSample& sample) { return impl_->AddStep(sample); }
-void Engine::AddGpu(const GpuReading& reading) { impl_->AddGpu(reading); }
-void Engine::AddHost(const HostReading& reading) { impl_->AddHost(reading); }
+absl::Status Engine::AddStep(const StepEvent& sample) { return impl_->AddStep(sample); }
+void Engine::AddGpu(const GpuSample& reading) { impl_->AddGpu(reading); }
+void Engine::AddHost(const HostSample& reading) { impl_->AddHost(reading); }
 void Engine::Advance(int64_t now_unix_nanos) { impl_->Advance(now_unix_nanos); }
 std::vector<JobSnapshot> Engine::Jobs() const { return impl_->Jobs(); }
 std::optional<JobSnapshot> Engine::Job(absl::string_view job) const { return impl_->Job(job); }
-std::vector<RankSnapshot> Engine::Ranks(absl::string_view job) const { return impl_->Ranks(job); }
+std::vector<RankSnapshot> Engine::Ranks(absl::string_view job) const {
+  return impl_->Ranks(job, 0, INT32_MAX);
+}
+std::vector<RankSnapshot> Engine::Ranks(absl::string_view job, int first, int end) const {
+  return impl_->Ranks(job, first, end);
+}
 std::vector<Finding> Engine::Findings() const { return impl_->Findings(); }
 void Engine::RemoveJob(absl::string_view job) { impl_->RemoveJob(job); }
 std::optional<FinishedJob> Engine::MarkRankExited(absl::string_view job, int rank, int pid,
@@ -398,6 +418,14 @@ void Engine::RemoveNode(absl::string_view node) { impl_->RemoveNode(node); }
 bool Engine::RankReportedFrom(absl::string_view job, int rank, absl::string_view node) const {
   return impl_->RankReportedFrom(job, rank, node);
 }
+size_t Engine::JobCount() const { return impl_->JobCount(); }
+std::optional<int> Engine::KnownRanks(absl::string_view job) const {
+  return impl_->KnownRanks(job);
+}
+bool Engine::RankKnown(absl::string_view job, int rank) const {
+  return impl_->RankKnown(job, rank);
+}
+const EngineOptions& Engine::options() const { return impl_->options(); }
 std::string Engine::SerializeScalingHistory() const { return impl_->SerializeScalingHistory(); }
 absl::Status Engine::LoadScalingHistory(absl::string_view data) {
   return impl_->LoadScalingHistory(data);

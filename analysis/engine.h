@@ -19,15 +19,15 @@
 namespace stepwatch::analysis {
 
 // One rank's report of one step (the StepEvent datagram plus where it came from).
-struct StepSample {
+struct StepEvent {
   std::string job;
   int rank = 0;
   int world_size = 0;
   int64_t step = 0;
-  double step_s = 0;
-  std::optional<double> data_s;
-  std::optional<double> compute_s;
-  std::optional<double> comm_s;
+  double step_seconds = 0;
+  std::optional<double> data_seconds;
+  std::optional<double> compute_seconds;
+  std::optional<double> comm_seconds;
   std::optional<int64_t> samples;
   std::optional<int> local_rank;
   std::optional<int> gpu;
@@ -40,12 +40,13 @@ struct StepSample {
   int64_t received_unix_nanos = 0;
 };
 
-// InvalidArgument when the sample breaks the step-event contract (DESIGN.md): what AddStep checks
-// first, exposed so that a caller can refuse a sample before spending anything on it.
-absl::Status ValidateStepSample(const StepSample& sample);
+// InvalidArgument when the sample breaks the step-event contract (docs/step-event.md, checked by
+// common/step_event_rules.h): what AddStep checks first, exposed so that a caller can refuse a
+// sample before spending anything on it.
+absl::Status ValidateStepEvent(const StepEvent& sample);
 
 // One reading of one GPU on one node.
-struct GpuReading {
+struct GpuSample {
   std::string node;
   int index = 0;
   int64_t sampled_unix_nanos = 0;
@@ -63,7 +64,7 @@ struct GpuReading {
 };
 
 // One reading of one node's host.
-struct HostReading {
+struct HostSample {
   std::string node;
   int64_t sampled_unix_nanos = 0;
   uint32_t cpu_count = 0;
@@ -112,6 +113,76 @@ enum class Cause {
 };
 const char* CauseName(Cause cause);
 
+// The figures of one GPU and its host that a finding rests on. A detector sets a field only where
+// it is evidence (a slowdown, a low utilization, a saturated host; the clock and activity of a GPU
+// doing more work at full speed), so the summary names exactly the fields that are set.
+struct DeviceEvidence {
+  int rank = -1;  // the rank it runs, -1 when not about one rank
+  std::string node;
+  int gpu = -1;  // -1 for the host alone
+  std::optional<double> sm_clock_mhz;
+  std::optional<double> sm_clock_max_mhz;
+  std::optional<uint64_t> throttle_reasons;   // NVML mask, set when it names a slowdown
+  std::optional<double> temperature_celsius;  // with thermal throttling
+  std::optional<double> power_watts;          // with power draw at its limit
+  std::optional<double> power_limit_watts;
+  // The GPU's busy figure: SM activity where known, else NVML utilization (one of them is set).
+  std::optional<double> utilization_ratio;
+  std::optional<double> sm_activity_ratio;
+  std::optional<double> dram_bandwidth_ratio;
+  // The host's CPU utilization, and the median host's, when it is saturated.
+  std::optional<double> host_cpu_ratio;
+  std::optional<double> host_cpu_median_ratio;
+};
+
+// The measured figures behind a finding, by kind; unset when not measured or not applicable.
+// Ratios are 0..1 shares or x-fold factors as named; the summary is rendered from these.
+struct Evidence {
+  // A slow rank or node against its peers' median over the straggler window: busy time (the
+  // flagged figure), compute, and the excess data-loading time per step where that dominates.
+  std::optional<double> busy_vs_median_ratio;
+  std::optional<double> compute_vs_median_ratio;
+  std::optional<double> data_excess_seconds;
+  // Slow node: its flagged ranks and all its ranks in the job.
+  std::optional<int64_t> slow_rank_count;
+  std::optional<int64_t> node_rank_count;
+  // Pipeline imbalance: the slowest stage's mean busy time against the median of the others.
+  std::optional<double> stage_vs_median_ratio;
+  std::optional<double> stage_busy_seconds;
+  std::optional<double> other_stages_busy_seconds;
+  // Nodes the stage's ranks run on (the first few) and how many there are.
+  std::vector<std::string> nodes;
+  std::optional<int64_t> node_count;
+  // Underutilized or idle GPU: the threshold it stayed under, and for how long.
+  std::optional<double> utilization_threshold_ratio;
+  std::optional<double> below_threshold_seconds;
+  // The job's step split over its window (underutilized GPU, scaling efficiency): shares 0..1.
+  std::optional<double> data_share_ratio;
+  std::optional<double> comm_share_ratio;
+  std::optional<double> imbalance_share_ratio;
+  // Scaling efficiency: per-GPU throughput against the best at a smaller world size.
+  std::optional<double> scaling_efficiency_ratio;
+  std::optional<int64_t> world_size;
+  std::optional<int64_t> reference_world_size;
+  // Regression: median step time now and before, their ratio, and the largest rise per step of
+  // one part of the split (the cause names which; unknown cause: compute).
+  std::optional<double> step_seconds;
+  std::optional<double> baseline_step_seconds;
+  std::optional<double> step_vs_baseline_ratio;
+  std::optional<double> rise_seconds;
+  // Stall: how long without progress made it one, the median step then, and the ranks.
+  std::optional<double> stall_limit_seconds;
+  std::optional<double> median_step_seconds;
+  std::optional<int64_t> silent_rank_count;
+  std::optional<int64_t> waiting_rank_count;
+  std::optional<int64_t> exited_rank_count;
+  std::vector<int> waiting_ranks;  // sorted, bounded (max_finding_ranks)
+  std::vector<int> exited_ranks;   // sorted, bounded (max_finding_ranks)
+  // GPUs and hosts: the rank's (straggler), the slow node's, the slow stage's (the first few), the
+  // underutilized one.
+  std::vector<DeviceEvidence> devices;
+};
+
 struct Finding {
   FindingKind kind = FindingKind::kStraggler;
   std::string job;   // empty for idle GPUs (no job)
@@ -126,12 +197,14 @@ struct Finding {
   // The primary cause, and every cause found (primary first; empty when unknown).
   Cause cause = Cause::kUnknown;
   std::vector<Cause> causes;
-  // What the operator should do, one line, e.g. "drain node-2 or inspect its GPUs' cooling".
+  // What the operator should do, one line, e.g. "drain node-2 or inspect its GPUs' cooling",
+  // rendered from the kind, cause and evidence (RenderAction).
   std::string action;
   // Ranks the finding is about: the rank itself, every flagged rank of a slow node, every rank of
   // a slow pipeline stage, the silent ranks of a stall. Sorted, bounded (max_finding_ranks).
   std::vector<int> ranks;
-  // One line for humans rendered from the fields above and the evidence, e.g.
+  Evidence evidence;
+  // One line for humans rendered from the fields above and the evidence (RenderSummary), e.g.
   // "rank 13 on node-2 GPU 5: compute +31% vs median; SM clock 1410 of 1980 MHz, thermal
   // throttling"
   std::string summary;
@@ -155,16 +228,16 @@ struct WhatIf {
 
 struct JobSnapshot {
   std::string job;
-  // False while no rank has reported how its step splits (only step_s, and no GPU SM activity to
-  // infer it from): efficiency, breakdown and what-ifs are then unknown, not 100% compute.
+  // False while no rank has reported how its step splits (only step_seconds, and no GPU SM activity
+  // to infer it from): efficiency, breakdown and what-ifs are then unknown, not 100% compute.
   bool split_known = false;
   int world_size = 0;
   int ranks_reporting = 0;
   int64_t last_step = -1;
-  double median_step_s = 0;       // over the recent window of complete steps
-  double steps_per_second = 0;    // 1 / median_step_s, 0 when unknown
-  double samples_per_second = 0;  // summed over ranks; 0 when ranks report no samples
-  double efficiency_ratio = 0;    // ideal / actual step time; 0 when unknown
+  double median_step_seconds = 0;  // over the recent window of complete steps
+  double steps_per_second = 0;     // 1 / median_step_seconds, 0 when unknown
+  double samples_per_second = 0;   // summed over ranks; 0 when ranks report no samples
+  double efficiency_ratio = 0;     // ideal / actual step time; 0 when unknown
   TimeBreakdown breakdown;
   WhatIf whatif;
   std::optional<double> scaling_efficiency_ratio;
@@ -177,10 +250,10 @@ struct RankSnapshot {
   int gpu = -1;
   int pp_stage = -1;
   // Medians over the recent window, seconds.
-  double busy_s = 0;
-  double compute_s = 0;
-  double data_s = 0;
-  double comm_s = 0;
+  double busy_seconds = 0;
+  double compute_seconds = 0;
+  double data_seconds = 0;
+  double comm_seconds = 0;
   double busy_vs_median_ratio = 1;  // busy / median busy of the rank's peers
   // Flagged: alone, as one of a slow node's ranks, or as a rank of the slowest stage of an
   // imbalanced pipeline.
@@ -222,11 +295,11 @@ struct EngineOptions {
   // Stragglers: a rank is flagged when, over its last `straggler_window` complete steps, its busy
   // time exceeds its peers' median by more than the relative margin on average (the margin grows
   // with the job's own robust noise: straggler_noise_z x MAD-sigma / sqrt(window)), by more than
-  // the absolute margin and the step-fraction margin, and in most of those steps. It clears when
-  // the mean excess falls under half the margin (hysteresis).
+  // the absolute margin and the step-fraction margin, and in more than straggler_over_share of
+  // those steps. It clears when the mean excess falls under straggler_clear_share of the margins.
   int straggler_window = 16;
   double straggler_rel_margin = 0.06;
-  double straggler_abs_margin_s = 0.002;
+  double straggler_abs_margin_seconds = 0.002;
   double straggler_step_fraction = 0.02;
   double straggler_noise_z = 4.5;
   // Flagged for this many steps: persistent rather than transient.
@@ -263,6 +336,16 @@ struct EngineOptions {
   double memory_bound_dram_ratio = 0.5;
   double data_bound_share = 0.15;
   double comm_bound_share = 0.3;
+  // Hysteresis: a straggler clears when its mean excess falls under this share of its margins, a
+  // regression when its shift falls under this share of regression_threshold.
+  double straggler_clear_share = 0.5;
+  // A straggler is over its margin in more than this share of its window's steps.
+  double straggler_over_share = 0.5;
+  double regression_clear_share = 0.5;
+  // A slow node has at least this many ranks of the job, all flagged; it clears once fewer than
+  // slow_node_clear_share of them have stayed flagged for straggler_window steps.
+  int slow_node_min_ranks = 2;
+  double slow_node_clear_share = 0.5;
 };
 
 // Cumulative time one detector has spent in the engine (a steady-clock measurement for
@@ -283,9 +366,9 @@ class Engine {
 
   // InvalidArgument for a sample that breaks the contract; ResourceExhausted when a limit on jobs
   // or ranks per job is hit (the sample is dropped).
-  absl::Status AddStep(const StepSample& sample);
-  void AddGpu(const GpuReading& reading);
-  void AddHost(const HostReading& reading);
+  absl::Status AddStep(const StepEvent& sample);
+  void AddGpu(const GpuSample& reading);
+  void AddHost(const HostSample& reading);
 
   // Runs the time-driven parts (step grace, stalls, underutilization windows) up to `now`.
   void Advance(int64_t now_unix_nanos);
@@ -293,6 +376,8 @@ class Engine {
   std::vector<JobSnapshot> Jobs() const;
   std::optional<JobSnapshot> Job(absl::string_view job) const;
   std::vector<RankSnapshot> Ranks(absl::string_view job) const;
+  // The known ranks of `job` in [first, end): a caller can build every rank's row in slices.
+  std::vector<RankSnapshot> Ranks(absl::string_view job, int first, int end) const;
   // Active findings, ordered by job, kind, rank.
   std::vector<Finding> Findings() const;
 
@@ -310,6 +395,15 @@ class Engine {
   void RemoveNode(absl::string_view node);
   // Whether `rank` of `job` is known and its last step came from `node`.
   bool RankReportedFrom(absl::string_view job, int rank, absl::string_view node) const;
+
+  // The registry is the one record of which jobs and ranks exist; callers that keep per-job state
+  // beside it (the collector's memory charges and reports) ask it here.
+  size_t JobCount() const;
+  // The ranks of `job` that reported and are still known (not removed with their node); nullopt
+  // for an unknown job.
+  std::optional<int> KnownRanks(absl::string_view job) const;
+  bool RankKnown(absl::string_view job, int rank) const;
+  const EngineOptions& options() const;
 
   // Scaling history (per job name: best throughput per GPU at each world size), kept by the
   // caller in a state file so that it survives restarts.

@@ -49,7 +49,7 @@ void Registry::EraseNode(const std::string& node) {
   nodes_.erase(node);
 }
 
-GpuInfo& Registry::UpdateGpu(const GpuReading& reading) {
+GpuInfo& Registry::UpdateGpu(const GpuSample& reading) {
   GpuInfo& g = gpus_[{reading.node, reading.index}];
   g.last = reading;
   std::optional<double> v =

@@ -82,7 +82,7 @@ struct JobRecord {
 
 // The last reading of one GPU and the rank that drives it.
 struct GpuInfo {
-  GpuReading last;
+  GpuSample last;
   bool has_value = false;
   double value = 0;  // SM activity where known, else utilization
   std::string job;   // owner, empty when none
@@ -113,22 +113,22 @@ class Registry {
   void EraseNode(const std::string& node);
 
   // Records a reading and resolves which rank drives the GPU (by pid, else gpu/local_rank hint).
-  GpuInfo& UpdateGpu(const GpuReading& reading);
+  GpuInfo& UpdateGpu(const GpuSample& reading);
   const std::map<GpuKey, GpuInfo>& gpus() const { return gpus_; }
   // The GPU a rank drives: by its gpu (else local_rank) index on its node, else by its pid.
   const GpuInfo* GpuOf(const RankInfo& r) const;
   // Forgets the owner of every GPU `job` drove.
   void DisownGpus(absl::string_view job);
 
-  void UpdateHost(const HostReading& reading) { hosts_[reading.node] = reading; }
-  const std::map<std::string, HostReading>& hosts() const { return hosts_; }
+  void UpdateHost(const HostSample& reading) { hosts_[reading.node] = reading; }
+  const std::map<std::string, HostSample>& hosts() const { return hosts_; }
 
  private:
   void ResolveOwner(GpuInfo& g) const;
 
   JobMap jobs_;
   std::map<GpuKey, GpuInfo> gpus_;
-  std::map<std::string, HostReading> hosts_;
+  std::map<std::string, HostSample> hosts_;
   std::map<std::string, std::set<std::pair<std::string, int>>> nodes_;  // node -> (job, rank)
 };
 

@@ -5,40 +5,32 @@
 
 #include "absl/strings/str_cat.h"
 #include "analysis/stats.h"
+#include "common/step_event_rules.h"
 
 namespace stepwatch::analysis {
 
-absl::Status ValidateStepSample(const StepSample& s) {
-  constexpr double kMaxSeconds = 86400;  // a step longer than a day is a bug, not a measurement
-  if (s.job.empty()) return absl::InvalidArgumentError("step sample without job");
-  if (s.world_size <= 0) return absl::InvalidArgumentError("world_size must be positive");
-  if (s.rank < 0 || s.rank >= s.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", s.rank, " outside [0, ", s.world_size, ")"));
-  }
-  if (s.step < 0) return absl::InvalidArgumentError("negative step");
-  if (!std::isfinite(s.step_s) || s.step_s <= 0 || s.step_s > kMaxSeconds) {
-    return absl::InvalidArgumentError("step_s must be positive, finite and at most a day");
-  }
-  for (const auto* d : {&s.data_s, &s.compute_s, &s.comm_s}) {
-    if (d->has_value() && (!std::isfinite(**d) || **d < 0 || **d > kMaxSeconds)) {
-      return absl::InvalidArgumentError("durations must be non-negative, finite, at most a day");
-    }
-  }
-  if (s.samples.has_value() && *s.samples < 0) {
-    return absl::InvalidArgumentError("negative samples");
-  }
-  // As the agent's datagram contract says; a batch from elsewhere must not reach the peer-group
-  // key (a negative pp_stage shifted left is undefined behaviour).
-  for (const auto* i : {&s.local_rank, &s.gpu, &s.dp_rank, &s.pp_stage, &s.tp_rank}) {
-    if (i->has_value() && **i < 0) {
-      return absl::InvalidArgumentError("negative index (local_rank, gpu, dp/pp/tp rank)");
-    }
-  }
-  return absl::OkStatus();
+absl::Status ValidateStepEvent(const StepEvent& s) {
+  // The datagram's rules (docs/step-event.md): a batch need not come from a real agent, and a
+  // negative pp_stage would reach the peer-group key (shifted left: undefined behaviour).
+  step_event::Fields f;
+  f.job = s.job;
+  f.rank = s.rank;
+  f.world_size = s.world_size;
+  f.step = s.step;
+  f.step_seconds = s.step_seconds;
+  f.data_seconds = s.data_seconds;
+  f.compute_seconds = s.compute_seconds;
+  f.comm_seconds = s.comm_seconds;
+  f.samples = s.samples;
+  f.local_rank = s.local_rank;
+  f.gpu = s.gpu;
+  f.dp_rank = s.dp_rank;
+  f.pp_stage = s.pp_stage;
+  f.tp_rank = s.tp_rank;
+  return step_event::Validate(f);
 }
 
-Entry MakeEntry(const StepSample& s) {
+Entry MakeEntry(const StepEvent& s) {
   Entry e;
   e.rank = s.rank;
   e.pp_stage = s.pp_stage.value_or(-1);
@@ -46,21 +38,21 @@ Entry MakeEntry(const StepSample& s) {
     e.group = (static_cast<int64_t>(s.pp_stage.value_or(0)) << 32) |
               static_cast<uint32_t>(s.tp_rank.value_or(0));
   }
-  e.step_s = s.step_s;
-  e.data = s.data_s.value_or(0);
-  if (s.compute_s.has_value() || s.data_s.has_value()) {
-    e.compute = s.compute_s.value_or(0);
+  e.step_seconds = s.step_seconds;
+  e.data = s.data_seconds.value_or(0);
+  if (s.compute_seconds.has_value() || s.data_seconds.has_value()) {
+    e.compute = s.compute_seconds.value_or(0);
     e.busy = e.data + e.compute;
-    e.wait = s.comm_s.has_value() ? *s.comm_s : std::max(0.0, s.step_s - e.busy);
+    e.wait = s.comm_seconds.has_value() ? *s.comm_seconds : std::max(0.0, s.step_seconds - e.busy);
     e.split = true;
-  } else if (s.comm_s.has_value()) {
+  } else if (s.comm_seconds.has_value()) {
     // Only the wait is known: the rank that waits least is the one the others wait for.
-    e.busy = std::max(0.0, s.step_s - *s.comm_s);
+    e.busy = std::max(0.0, s.step_seconds - *s.comm_seconds);
     e.compute = e.busy;
-    e.wait = *s.comm_s;
+    e.wait = *s.comm_seconds;
   } else {
-    e.busy = s.step_s;
-    e.compute = s.step_s;
+    e.busy = s.step_seconds;
+    e.compute = s.step_seconds;
     e.wait = 0;
     e.step_only = true;
     e.unknown_split = true;
@@ -73,11 +65,11 @@ StepSummary Summarize(int64_t step, int64_t nanos, const std::vector<Entry>& es,
                       std::vector<double>* scratch) {
   std::vector<double>& v = *scratch;
   v.clear();
-  for (const Entry& e : es) v.push_back(e.step_s);
+  for (const Entry& e : es) v.push_back(e.step_seconds);
   StepSummary sum;
   sum.step = step;
   sum.nanos = nanos;
-  sum.step_s = MedianInPlace(v);
+  sum.step_seconds = MedianInPlace(v);
   v.clear();
   double max_busy = 0, min_wait = es[0].wait, samples = 0;
   bool any_samples = false;
@@ -105,7 +97,7 @@ StepSummary Summarize(int64_t step, int64_t nanos, const std::vector<Entry>& es,
 
 double MedianStep(const Ring<StepSummary>& summaries, std::vector<double>* scratch) {
   scratch->clear();
-  for (size_t i = 0; i < summaries.size(); ++i) scratch->push_back(summaries[i].step_s);
+  for (size_t i = 0; i < summaries.size(); ++i) scratch->push_back(summaries[i].step_seconds);
   return MedianInPlace(*scratch);
 }
 
@@ -113,20 +105,21 @@ void FillWindowFigures(const Ring<StepSummary>& summaries, JobSnapshot* snap) {
   JobSnapshot& s = *snap;
   if (summaries.empty()) return;
   std::vector<double> v;
-  s.median_step_s = MedianStep(summaries, &v);
-  if (s.median_step_s > 0) s.steps_per_second = 1 / s.median_step_s;
+  s.median_step_seconds = MedianStep(summaries, &v);
+  if (s.median_step_seconds > 0) s.steps_per_second = 1 / s.median_step_seconds;
   v.clear();
   for (size_t i = 0; i < summaries.size(); ++i) {
     if (summaries[i].samples >= 0) v.push_back(summaries[i].samples);
   }
-  if (!v.empty() && s.median_step_s > 0) s.samples_per_second = MedianInPlace(v) / s.median_step_s;
+  if (!v.empty() && s.median_step_seconds > 0)
+    s.samples_per_second = MedianInPlace(v) / s.median_step_seconds;
   // Only steps whose split is known: a step time alone says nothing of where the time went.
   double step = 0, busy = 0, imbalance = 0, comm = 0, data = 0, hideable = 0;
   for (size_t i = 0; i < summaries.size(); ++i) {
     const StepSummary& x = summaries[i];
     if (!x.split_known) continue;
     s.split_known = true;
-    step += x.step_s;
+    step += x.step_seconds;
     busy += x.med_busy;
     imbalance += x.max_busy - x.med_busy;
     comm += x.exposed_comm;

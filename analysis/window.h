@@ -16,14 +16,14 @@ struct Entry {
   int rank = 0;
   int64_t group = -1;  // (pp_stage, tp_rank) peer group; -1: all ranks are peers
   int pp_stage = -1;
-  double step_s = 0;
+  double step_seconds = 0;
   double busy = 0;
   double compute = 0;
   double data = 0;
   double wait = 0;
   int64_t samples = -1;
-  bool split = false;          // data_s or compute_s reported
-  bool step_only = false;      // nothing but step_s: the GPU's SM activity may tell the split
+  bool split = false;          // data_seconds or compute_seconds reported
+  bool step_only = false;      // nothing but step_seconds: the GPU's SM activity may tell the split
   bool stale = false;          // split taken from a GPU reading already used: no new evidence
   bool unknown_split = false;  // step_only with no SM activity: busy is the step, not evidence
   bool forgotten = false;      // its rank was removed (RemoveNode) after it reported
@@ -45,7 +45,7 @@ struct StepVals {
 struct StepSummary {
   int64_t step = 0;
   int64_t nanos = 0;
-  double step_s = 0;
+  double step_seconds = 0;
   double med_busy = 0;
   double max_busy = 0;
   double exposed_comm = 0;
@@ -55,7 +55,7 @@ struct StepSummary {
 };
 
 // The entry of a valid sample; `pp_stage` is the rank's stage (-1 when none).
-Entry MakeEntry(const StepSample& s);
+Entry MakeEntry(const StepEvent& s);
 
 // Summarises the entries of one complete step (non-empty) of a job of `world_size` ranks.
 StepSummary Summarize(int64_t step, int64_t nanos, const std::vector<Entry>& es, int world_size,

@@ -2,24 +2,25 @@
 
 namespace stepwatch::collector {
 
-analysis::StepSample ToStepSample(const v1::StepEvent& e, const std::string& node,
-                                  int64_t default_received_unix_nanos) {
-  analysis::StepSample s;
+analysis::StepEvent ToStepSample(const v1::StepEvent& e, const std::string& node,
+                                 int64_t default_received_unix_nanos) {
+  analysis::StepEvent s;
   FillStepSample(e, node, default_received_unix_nanos, &s);
   return s;
 }
 
 void FillStepSample(const v1::StepEvent& e, const std::string& node,
-                    int64_t default_received_unix_nanos, analysis::StepSample* out) {
-  analysis::StepSample& s = *out;
+                    int64_t default_received_unix_nanos, analysis::StepEvent* out) {
+  analysis::StepEvent& s = *out;
   s.job = e.job();
   s.rank = e.rank();
   s.world_size = e.world_size();
   s.step = e.step();
-  s.step_s = e.step_s();
-  s.data_s = e.has_data_s() ? std::optional<double>(e.data_s()) : std::nullopt;
-  s.compute_s = e.has_compute_s() ? std::optional<double>(e.compute_s()) : std::nullopt;
-  s.comm_s = e.has_comm_s() ? std::optional<double>(e.comm_s()) : std::nullopt;
+  s.step_seconds = e.step_seconds();
+  s.data_seconds = e.has_data_seconds() ? std::optional<double>(e.data_seconds()) : std::nullopt;
+  s.compute_seconds =
+      e.has_compute_seconds() ? std::optional<double>(e.compute_seconds()) : std::nullopt;
+  s.comm_seconds = e.has_comm_seconds() ? std::optional<double>(e.comm_seconds()) : std::nullopt;
   s.samples = e.has_samples() ? std::optional<int64_t>(e.samples()) : std::nullopt;
   s.local_rank = e.has_local_rank() ? std::optional<int>(e.local_rank()) : std::nullopt;
   s.gpu = e.has_gpu() ? std::optional<int>(e.gpu()) : std::nullopt;
@@ -32,8 +33,8 @@ void FillStepSample(const v1::StepEvent& e, const std::string& node,
       e.received_unix_nanos() != 0 ? e.received_unix_nanos() : default_received_unix_nanos;
 }
 
-analysis::GpuReading ToGpuReading(const v1::GpuSample& g, const std::string& node) {
-  analysis::GpuReading r;
+analysis::GpuSample ToGpuReading(const v1::GpuSample& g, const std::string& node) {
+  analysis::GpuSample r;
   r.node = node;
   r.index = g.index();
   r.sampled_unix_nanos = g.sampled_unix_nanos();
@@ -51,8 +52,8 @@ analysis::GpuReading ToGpuReading(const v1::GpuSample& g, const std::string& nod
   return r;
 }
 
-analysis::HostReading ToHostReading(const v1::HostSample& h, const std::string& node) {
-  analysis::HostReading r;
+analysis::HostSample ToHostReading(const v1::HostSample& h, const std::string& node) {
+  analysis::HostSample r;
   r.node = node;
   r.sampled_unix_nanos = h.sampled_unix_nanos();
   r.cpu_count = h.cpu_count();
@@ -66,6 +67,66 @@ analysis::HostReading ToHostReading(const v1::HostSample& h, const std::string& 
 int64_t ExitedUnixNanos(const v1::RankExit& exit, int64_t default_unix_nanos) {
   return exit.exited_unix_nanos() > 0 ? exit.exited_unix_nanos() : default_unix_nanos;
 }
+
+namespace {
+
+// Copies each optional field that is set; the proto and C++ names are the same.
+#define STEPWATCH_COPY_SET(from, to, field) \
+  if ((from).field) (to)->set_##field(*(from).field)
+
+void ToProto(const analysis::DeviceEvidence& d, v1::DeviceEvidence* out) {
+  out->set_rank(d.rank);
+  out->set_node(d.node);
+  out->set_gpu(d.gpu);
+  STEPWATCH_COPY_SET(d, out, sm_clock_mhz);
+  STEPWATCH_COPY_SET(d, out, sm_clock_max_mhz);
+  STEPWATCH_COPY_SET(d, out, throttle_reasons);
+  STEPWATCH_COPY_SET(d, out, temperature_celsius);
+  STEPWATCH_COPY_SET(d, out, power_watts);
+  STEPWATCH_COPY_SET(d, out, power_limit_watts);
+  STEPWATCH_COPY_SET(d, out, utilization_ratio);
+  STEPWATCH_COPY_SET(d, out, sm_activity_ratio);
+  STEPWATCH_COPY_SET(d, out, dram_bandwidth_ratio);
+  STEPWATCH_COPY_SET(d, out, host_cpu_ratio);
+  STEPWATCH_COPY_SET(d, out, host_cpu_median_ratio);
+}
+
+void ToProto(const analysis::Evidence& e, v1::FindingEvidence* out) {
+  STEPWATCH_COPY_SET(e, out, busy_vs_median_ratio);
+  STEPWATCH_COPY_SET(e, out, compute_vs_median_ratio);
+  STEPWATCH_COPY_SET(e, out, data_excess_seconds);
+  STEPWATCH_COPY_SET(e, out, slow_rank_count);
+  STEPWATCH_COPY_SET(e, out, node_rank_count);
+  STEPWATCH_COPY_SET(e, out, stage_vs_median_ratio);
+  STEPWATCH_COPY_SET(e, out, stage_busy_seconds);
+  STEPWATCH_COPY_SET(e, out, other_stages_busy_seconds);
+  for (const std::string& n : e.nodes) out->add_nodes(n);
+  STEPWATCH_COPY_SET(e, out, node_count);
+  STEPWATCH_COPY_SET(e, out, utilization_threshold_ratio);
+  STEPWATCH_COPY_SET(e, out, below_threshold_seconds);
+  STEPWATCH_COPY_SET(e, out, data_share_ratio);
+  STEPWATCH_COPY_SET(e, out, comm_share_ratio);
+  STEPWATCH_COPY_SET(e, out, imbalance_share_ratio);
+  STEPWATCH_COPY_SET(e, out, scaling_efficiency_ratio);
+  STEPWATCH_COPY_SET(e, out, world_size);
+  STEPWATCH_COPY_SET(e, out, reference_world_size);
+  STEPWATCH_COPY_SET(e, out, step_seconds);
+  STEPWATCH_COPY_SET(e, out, baseline_step_seconds);
+  STEPWATCH_COPY_SET(e, out, step_vs_baseline_ratio);
+  STEPWATCH_COPY_SET(e, out, rise_seconds);
+  STEPWATCH_COPY_SET(e, out, stall_limit_seconds);
+  STEPWATCH_COPY_SET(e, out, median_step_seconds);
+  STEPWATCH_COPY_SET(e, out, silent_rank_count);
+  STEPWATCH_COPY_SET(e, out, waiting_rank_count);
+  STEPWATCH_COPY_SET(e, out, exited_rank_count);
+  for (int r : e.waiting_ranks) out->add_waiting_ranks(r);
+  for (int r : e.exited_ranks) out->add_exited_ranks(r);
+  for (const analysis::DeviceEvidence& d : e.devices) ToProto(d, out->add_devices());
+}
+
+#undef STEPWATCH_COPY_SET
+
+}  // namespace
 
 void ToProto(const analysis::Finding& f, v1::Finding* out) {
   out->set_kind(analysis::FindingKindName(f.kind));
@@ -84,6 +145,7 @@ void ToProto(const analysis::Finding& f, v1::Finding* out) {
   out->set_stage(f.stage);
   for (int r : f.ranks) out->add_ranks(r);
   out->set_until_step(-1);
+  ToProto(f.evidence, out->mutable_evidence());
 }
 
 void ToProto(const analysis::JobSnapshot& j, int finding_count, v1::JobStatus* out) {
@@ -91,7 +153,7 @@ void ToProto(const analysis::JobSnapshot& j, int finding_count, v1::JobStatus* o
   out->set_world_size(j.world_size);
   out->set_ranks_reporting(j.ranks_reporting);
   out->set_last_step(j.last_step);
-  out->set_step_seconds(j.median_step_s);
+  out->set_step_seconds(j.median_step_seconds);
   out->set_steps_per_second(j.steps_per_second);
   out->set_samples_per_second(j.samples_per_second);
   out->set_efficiency_ratio(j.efficiency_ratio);
@@ -103,10 +165,10 @@ void ToProto(const analysis::RankSnapshot& r, v1::RankRow* out) {
   out->set_rank(r.rank);
   out->set_node(r.node);
   out->set_gpu(r.gpu);
-  out->set_busy_seconds(r.busy_s);
-  out->set_compute_seconds(r.compute_s);
-  out->set_data_seconds(r.data_s);
-  out->set_comm_seconds(r.comm_s);
+  out->set_busy_seconds(r.busy_seconds);
+  out->set_compute_seconds(r.compute_seconds);
+  out->set_data_seconds(r.data_seconds);
+  out->set_comm_seconds(r.comm_seconds);
   out->set_busy_vs_median_ratio(r.busy_vs_median_ratio);
   out->set_straggler(r.straggler);
   out->set_pp_stage(r.pp_stage);

@@ -11,13 +11,13 @@ namespace stepwatch::collector {
 
 // `node` is the node of the agent that received the event; `default_received_unix_nanos` is used
 // when the agent did not stamp the event.
-analysis::StepSample ToStepSample(const v1::StepEvent& event, const std::string& node,
-                                  int64_t default_received_unix_nanos);
+analysis::StepEvent ToStepSample(const v1::StepEvent& event, const std::string& node,
+                                 int64_t default_received_unix_nanos);
 // The same, overwriting every field of `*out` (reusing its string capacity).
 void FillStepSample(const v1::StepEvent& event, const std::string& node,
-                    int64_t default_received_unix_nanos, analysis::StepSample* out);
-analysis::GpuReading ToGpuReading(const v1::GpuSample& sample, const std::string& node);
-analysis::HostReading ToHostReading(const v1::HostSample& sample, const std::string& node);
+                    int64_t default_received_unix_nanos, analysis::StepEvent* out);
+analysis::GpuSample ToGpuReading(const v1::GpuSample& sample, const std::string& node);
+analysis::HostSample ToHostReading(const v1::HostSample& sample, const std::string& node);
 // When a rank's process exited: the agent's stamp, or `default_unix_nanos` when it sent none.
 int64_t ExitedUnixNanos(const v1::RankExit& exit, int64_t default_unix_nanos);
 

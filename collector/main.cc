@@ -75,7 +75,8 @@ ABSL_FLAG(int32_t, max_report_findings, 1000,
 ABSL_FLAG(double, node_down_after, 15,
           "Seconds of silence after which stepwatch_node_up reads 0 (before --expire removes it).");
 ABSL_FLAG(int32_t, max_jobs, 1000, "Most jobs tracked; steps of further jobs are dropped.");
-ABSL_FLAG(int32_t, max_ranks_per_job, 65536, "Most ranks tracked per job.");
+ABSL_FLAG(int32_t, max_ranks_per_job, 100000,
+          "Most ranks per job (world size); steps of larger jobs are dropped.");
 ABSL_FLAG(int32_t, max_nodes, 10000,
           "Most nodes tracked; further nodes' GPU/host data is dropped.");
 ABSL_FLAG(int32_t, max_gpus_per_node, 64, "Most GPUs tracked per node.");
@@ -259,8 +260,8 @@ int main(int argc, char** argv) {
   st.expire_nanos = SecondsToNanos(absl::GetFlag(FLAGS_expire));
   st.max_clock_skew_nanos = SecondsToNanos(absl::GetFlag(FLAGS_max_clock_skew));
   st.node_down_nanos = SecondsToNanos(absl::GetFlag(FLAGS_node_down_after));
-  st.max_jobs = absl::GetFlag(FLAGS_max_jobs);
-  st.max_ranks_per_job = absl::GetFlag(FLAGS_max_ranks_per_job);
+  st.engine.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  st.engine.max_ranks_per_job = absl::GetFlag(FLAGS_max_ranks_per_job);
   st.max_nodes = absl::GetFlag(FLAGS_max_nodes);
   st.max_gpus_per_node = absl::GetFlag(FLAGS_max_gpus_per_node);
   st.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_mib) < 0
@@ -288,7 +289,7 @@ int main(int argc, char** argv) {
   st.engine.stall_floor_nanos = SecondsToNanos(absl::GetFlag(FLAGS_stall_floor));
   st.engine.straggler_window = absl::GetFlag(FLAGS_straggler_window);
   st.engine.straggler_rel_margin = absl::GetFlag(FLAGS_straggler_margin);
-  st.engine.straggler_abs_margin_s = absl::GetFlag(FLAGS_straggler_min_seconds);
+  st.engine.straggler_abs_margin_seconds = absl::GetFlag(FLAGS_straggler_min_seconds);
 
   // Block the stop signals in every thread (gRPC and /metrics threads inherit this mask) and
   // collect them with sigwait below.
@@ -299,7 +300,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  stepwatch::SystemClock clock;
+  stepwatch::RealClock clock;
   auto server = stepwatch::collector::CollectorServer::Start(options, &clock);
   if (!server.ok()) {
     SW_LOG_ERROR << "cannot start: " << server.status();

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "metrics/node_metric_table.h"
 
 namespace stepwatch::collector {
 namespace {
@@ -87,7 +88,7 @@ void AddJobs(const StateSnapshot& s, Builder* b) {
   for (const analysis::JobSnapshot& j : s.jobs) {
     const Labels job{{"job", j.job}};
     b->Gauge("stepwatch_job_step_seconds", "Recent median step time of the job.", job,
-             j.median_step_s);
+             j.median_step_seconds);
     b->Gauge("stepwatch_job_steps_per_second", "Steps per second (1 / median step time).", job,
              j.steps_per_second);
     b->Gauge("stepwatch_job_samples_per_second",
@@ -155,7 +156,7 @@ void AddRanks(const StateSnapshot& s, bool flagged, Builder* b) {
     b->Gauge("stepwatch_rank_busy_seconds",
              "Median busy time (data + compute), for every flagged rank and each job's slowest "
              "ranks.",
-             labels, r.busy_s);
+             labels, r.busy_seconds);
   }
 }
 
@@ -197,90 +198,45 @@ void AddFindings(const StateSnapshot& s, const MetricsOptions& o, Builder* b) {
   }
 }
 
-// One per-GPU series: exported when the sample has the field.
-struct GpuSeries {
-  const char* name;
-  const char* help;
-  bool (*has)(const v1::GpuSample&);
-  double (*value)(const v1::GpuSample&);
-};
+// Every series of table metric `m` (named `name`) for one sample, labelled gpu (unless empty),
+// node and the metric's own labels, sorted by name like every collector series.
+template <typename Metric, typename Sample>
+void AddTableSeries(const Metric& m, const std::string& name, const Sample& sample,
+                    const std::string& node, const std::string& gpu, Builder* b) {
+  metrics::ForEachSeries(m, sample, [&](const std::vector<std::string>& values, double value) {
+    Labels labels;
+    if (!gpu.empty()) labels.push_back({"gpu", gpu});
+    labels.push_back({"node", node});
+    for (size_t i = 0; i < values.size(); ++i) labels.push_back({m.labels[i], values[i]});
+    if (!values.empty()) {
+      std::sort(labels.begin(), labels.end(),
+                [](const ClientMetric::Label& x, const ClientMetric::Label& y) {
+                  return x.name < y.name;
+                });
+    }
+    if (m.type == MetricType::Counter) {
+      b->Counter(name, m.help, std::move(labels), value);
+    } else {
+      b->Gauge(name, m.help, std::move(labels), value);
+    }
+  });
+}
 
-// In order of importance: under the total cap, every GPU gets a series of a row before any GPU
-// gets one of the next.
-const GpuSeries kGpuSeries[] = {
-    {"stepwatch_gpu_utilization_ratio",
-     "Fraction of time a kernel was running (NVML utilization.gpu).",
-     [](const v1::GpuSample& g) { return g.has_utilization_gpu_ratio(); },
-     [](const v1::GpuSample& g) { return g.utilization_gpu_ratio(); }},
-    {"stepwatch_gpu_sm_activity_ratio", "SM activity (GPM), 0..1.",
-     [](const v1::GpuSample& g) { return g.has_sm_activity_ratio(); },
-     [](const v1::GpuSample& g) { return g.sm_activity_ratio(); }},
-    {"stepwatch_gpu_processes", "Processes with a compute context on the GPU.",
-     [](const v1::GpuSample&) { return true; },
-     [](const v1::GpuSample& g) { return static_cast<double>(g.pids_size()); }},
-    {"stepwatch_gpu_memory_utilization_ratio",
-     "Fraction of time device memory was read or written.",
-     [](const v1::GpuSample& g) { return g.has_utilization_memory_ratio(); },
-     [](const v1::GpuSample& g) { return g.utilization_memory_ratio(); }},
-    {"stepwatch_gpu_dram_bandwidth_ratio", "DRAM bandwidth utilization (GPM), 0..1.",
-     [](const v1::GpuSample& g) { return g.has_dram_bandwidth_ratio(); },
-     [](const v1::GpuSample& g) { return g.dram_bandwidth_ratio(); }},
-    {"stepwatch_gpu_tensor_activity_ratio", "Tensor core activity (GPM), 0..1.",
-     [](const v1::GpuSample& g) { return g.has_tensor_activity_ratio(); },
-     [](const v1::GpuSample& g) { return g.tensor_activity_ratio(); }},
-    {"stepwatch_gpu_sm_clock_hertz", "SM clock.",
-     [](const v1::GpuSample& g) { return g.has_sm_clock_mhz(); },
-     [](const v1::GpuSample& g) { return g.sm_clock_mhz() * 1e6; }},
-    {"stepwatch_gpu_sm_clock_max_hertz", "Maximum SM clock.",
-     [](const v1::GpuSample& g) { return g.has_sm_clock_max_mhz(); },
-     [](const v1::GpuSample& g) { return g.sm_clock_max_mhz() * 1e6; }},
-    {"stepwatch_gpu_memory_used_bytes", "Device memory used.",
-     [](const v1::GpuSample& g) { return g.has_memory_used_bytes(); },
-     [](const v1::GpuSample& g) { return static_cast<double>(g.memory_used_bytes()); }},
-    {"stepwatch_gpu_memory_total_bytes", "Device memory total.",
-     [](const v1::GpuSample& g) { return g.has_memory_total_bytes(); },
-     [](const v1::GpuSample& g) { return static_cast<double>(g.memory_total_bytes()); }},
-    {"stepwatch_gpu_power_watts", "Power draw.",
-     [](const v1::GpuSample& g) { return g.has_power_watts(); },
-     [](const v1::GpuSample& g) { return g.power_watts(); }},
-    {"stepwatch_gpu_power_limit_watts", "Power limit.",
-     [](const v1::GpuSample& g) { return g.has_power_limit_watts(); },
-     [](const v1::GpuSample& g) { return g.power_limit_watts(); }},
-    {"stepwatch_gpu_temperature_celsius", "GPU temperature.",
-     [](const v1::GpuSample& g) { return g.has_temperature_celsius(); },
-     [](const v1::GpuSample& g) { return g.temperature_celsius(); }},
-    {"stepwatch_gpu_throttle_reasons", "NVML clocks-throttle-reasons bitmask (0: not throttled).",
-     [](const v1::GpuSample& g) { return g.has_throttle_reasons(); },
-     [](const v1::GpuSample& g) { return static_cast<double>(g.throttle_reasons()); }},
-    {"stepwatch_gpu_pcie_transmit_bytes_per_second", "PCIe transmit throughput.",
-     [](const v1::GpuSample& g) { return g.has_pcie_tx_bytes_per_second(); },
-     [](const v1::GpuSample& g) { return g.pcie_tx_bytes_per_second(); }},
-    {"stepwatch_gpu_pcie_receive_bytes_per_second", "PCIe receive throughput.",
-     [](const v1::GpuSample& g) { return g.has_pcie_rx_bytes_per_second(); },
-     [](const v1::GpuSample& g) { return g.pcie_rx_bytes_per_second(); }},
-    {"stepwatch_gpu_nvlink_transmit_bytes_per_second", "NVLink transmit throughput.",
-     [](const v1::GpuSample& g) { return g.has_nvlink_tx_bytes_per_second(); },
-     [](const v1::GpuSample& g) { return g.nvlink_tx_bytes_per_second(); }},
-    {"stepwatch_gpu_nvlink_receive_bytes_per_second", "NVLink receive throughput.",
-     [](const v1::GpuSample& g) { return g.has_nvlink_rx_bytes_per_second(); },
-     [](const v1::GpuSample& g) { return g.nvlink_rx_bytes_per_second(); }},
-};
-
-// Rows [begin, end) of kGpuSeries for every GPU, row by row.
-void AddGpuRows(const StateSnapshot& s, size_t begin, size_t end, Builder* b) {
+// The GPU metrics of `importance` for every GPU, metric by metric: under the total cap, every GPU
+// gets a series of one metric before any GPU gets one of the next.
+void AddGpuMetrics(const StateSnapshot& s, metrics::Importance importance, Builder* b) {
   b->SetGroup("gpu");
-  for (size_t row = begin; row < end; ++row) {
-    const GpuSeries& series = kGpuSeries[row];
+  for (const metrics::GpuMetric& m : metrics::GpuMetrics()) {
+    if (m.importance != importance || !metrics::CollectorExports(m)) continue;
+    const std::string name = absl::StrCat(metrics::kCollectorPrefix, m.name);
     for (const NodeView& n : s.nodes) {
       if (b->Full()) {
         // Only counted: building 100,000s of label sets to drop them would slow every scrape.
-        b->DropCurrent(std::count_if(n.gpus.begin(), n.gpus.end(), series.has));
+        for (const v1::GpuSample& g : n.gpus) b->DropCurrent(metrics::SeriesCount(m, g));
         continue;
       }
       for (const v1::GpuSample& g : n.gpus) {
-        if (!series.has(g)) continue;
-        b->Gauge(series.name, series.help, {{"gpu", absl::StrCat(g.index())}, {"node", n.node}},
-                 series.value(g));
+        AddTableSeries(m, name, g, n.node, absl::StrCat(g.index()), b);
       }
     }
   }
@@ -295,8 +251,7 @@ void AddNodes(const StateSnapshot& s, Builder* b) {
              up ? 1 : 0);
   }
   // Utilization and SM activity of every GPU come before the rest of any node's series.
-  constexpr size_t kFirstGpuRows = 2;
-  AddGpuRows(s, 0, kFirstGpuRows, b);
+  AddGpuMetrics(s, metrics::Importance::kHigh, b);
   b->SetGroup("node");
   for (const NodeView& n : s.nodes) {
     if (b->Full()) {
@@ -310,47 +265,17 @@ void AddNodes(const StateSnapshot& s, Builder* b) {
     b->Gauge("stepwatch_node_nvml_available", "1 when the node's agent could load NVML.", node,
              n.info.nvml_available() ? 1 : 0);
   }
-  AddGpuRows(s, kFirstGpuRows, std::size(kGpuSeries), b);
+  AddGpuMetrics(s, metrics::Importance::kNormal, b);
   b->SetGroup("host");
   for (const NodeView& n : s.nodes) {
     if (!n.host.has_value()) continue;
-    if (b->Full()) {
-      const v1::HostSample& h = *n.host;
-      b->DropCurrent(1 + h.has_cpu_utilization_ratio() + h.has_memory_total_bytes() +
-                     h.has_memory_available_bytes() + h.has_network_receive_bytes_total() +
-                     h.has_network_transmit_bytes_total() +
-                     h.has_memory_bandwidth_bytes_per_second());
-      continue;
-    }
-    const Labels node{{"node", n.node}};
-    const v1::HostSample& h = *n.host;
-    if (h.has_cpu_utilization_ratio()) {
-      b->Gauge("stepwatch_host_cpu_utilization_ratio", "Busy fraction of all CPUs.", node,
-               h.cpu_utilization_ratio());
-    }
-    b->Gauge("stepwatch_host_cpus", "Number of CPUs.", node, h.cpu_count());
-    if (h.has_memory_total_bytes()) {
-      b->Gauge("stepwatch_host_memory_total_bytes", "Host memory total.", node,
-               static_cast<double>(h.memory_total_bytes()));
-    }
-    if (h.has_memory_available_bytes()) {
-      b->Gauge("stepwatch_host_memory_available_bytes", "Host memory available.", node,
-               static_cast<double>(h.memory_available_bytes()));
-    }
-    if (h.has_network_receive_bytes_total()) {
-      b->Counter("stepwatch_host_network_receive_bytes_total",
-                 "Bytes received on non-loopback interfaces since boot.", node,
-                 static_cast<double>(h.network_receive_bytes_total()));
-    }
-    if (h.has_network_transmit_bytes_total()) {
-      b->Counter("stepwatch_host_network_transmit_bytes_total",
-                 "Bytes sent on non-loopback interfaces since boot.", node,
-                 static_cast<double>(h.network_transmit_bytes_total()));
-    }
-    if (h.has_memory_bandwidth_bytes_per_second()) {
-      b->Gauge("stepwatch_host_memory_bandwidth_bytes_per_second",
-               "Host memory bandwidth (resctrl or perf uncore counters).", node,
-               h.memory_bandwidth_bytes_per_second());
+    for (const metrics::HostMetric& m : metrics::HostMetrics()) {
+      if (!metrics::CollectorExports(m)) continue;
+      if (b->Full()) {
+        b->DropCurrent(metrics::SeriesCount(m, *n.host));
+      } else {
+        AddTableSeries(m, absl::StrCat(metrics::kCollectorPrefix, m.name), *n.host, n.node, "", b);
+      }
     }
   }
 }

@@ -42,6 +42,7 @@ void Refresh(const analysis::Finding& f, v1::Finding* entry) {
   *entry->mutable_causes() = fresh.causes();
   entry->set_action(fresh.action());
   *entry->mutable_ranks() = fresh.ranks();
+  *entry->mutable_evidence() = fresh.evidence();
 }
 
 }  // namespace
@@ -170,7 +171,7 @@ void ReportStore::Update(Tracked* t, const analysis::JobSnapshot& job,
   if (r.start_unix_nanos() == 0)
     r.set_start_unix_nanos(span.start_unix_nanos > 0 ? span.start_unix_nanos : now);
   r.set_updated_unix_nanos(now);
-  if (job.median_step_s > 0) r.set_step_seconds(job.median_step_s);
+  if (job.median_step_seconds > 0) r.set_step_seconds(job.median_step_seconds);
   // Unknown stays unknown: only a job that reported its split has these (and keeps the last).
   if (job.split_known) {
     r.set_efficiency_ratio(job.efficiency_ratio);

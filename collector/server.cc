@@ -193,20 +193,25 @@ absl::Status CollectorServer::Init() {
 }
 
 void CollectorServer::TickerLoop() {
-  const auto tick = std::chrono::nanoseconds(options_.tick_nanos);
-  auto next_save =
-      std::chrono::steady_clock::now() + std::chrono::nanoseconds(options_.save_interval_nanos);
-  std::unique_lock<std::mutex> lock(ticker_mu_);
-  while (!stopping_) {
-    if (ticker_cv_.wait_for(lock, tick, [this] { return stopping_; })) break;
-    lock.unlock();
+  const absl::Duration tick = absl::Nanoseconds(options_.tick_nanos);
+  const absl::Duration save_interval = absl::Nanoseconds(options_.save_interval_nanos);
+  absl::Time next_tick = clock_->TimeNow() + tick;
+  absl::Time next_save = clock_->TimeNow() + save_interval;
+  while (true) {
+    {
+      absl::MutexLock lock(&ticker_mu_);
+      if (clock_->AwaitWithDeadline(&ticker_mu_, absl::Condition(&stopping_), next_tick)) return;
+    }
     state_->Tick();
-    if (std::chrono::steady_clock::now() >= next_save) {
-      next_save += std::chrono::nanoseconds(options_.save_interval_nanos);
+    const absl::Time now = clock_->TimeNow();
+    // A tick is a fixed delay after the previous one ends, so a slow tick never piles up ticks.
+    next_tick = now + tick;
+    if (now >= next_save) {
+      next_save += save_interval;
+      if (next_save <= now) next_save = now + save_interval;
       absl::Status st = SaveState();
       if (!st.ok()) SW_LOG_WARNING << "cannot save state: " << st;
     }
-    lock.lock();
   }
 }
 
@@ -225,10 +230,9 @@ void CollectorServer::Shutdown(int64_t grace_nanos) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::nanoseconds(grace_nanos));
   }
   {
-    std::lock_guard<std::mutex> lock(ticker_mu_);
+    absl::MutexLock lock(&ticker_mu_);
     stopping_ = true;
   }
-  ticker_cv_.notify_all();
   if (ticker_.joinable()) ticker_.join();
   // Scrapes read the state: stop them before the state can go away.
   StopExposer();

@@ -2,14 +2,14 @@
 // ticker thread that advances the engine, expires old jobs and nodes and saves the state file.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "collector/metrics.h"
 #include "collector/service.h"
 #include "collector/state.h"
@@ -69,7 +69,9 @@ int64_t DefaultMemoryBudgetBytes(const std::string& cgroup_root = "/sys/fs/cgrou
 
 class CollectorServer {
  public:
-  // Loads the state file, binds both listeners and starts serving.
+  // Loads the state file, binds both listeners and starts serving. `clock` (which must outlive
+  // the server) gives the state its time and drives the ticker: with a SimulatedClock the engine
+  // ticks and the state file is saved only as the test advances the time.
   static absl::StatusOr<std::unique_ptr<CollectorServer>> Start(CollectorServerOptions options,
                                                                 const Clock* clock);
   ~CollectorServer();
@@ -106,9 +108,8 @@ class CollectorServer {
   int grpc_port_ = 0;
   int metrics_port_ = 0;
 
-  std::mutex ticker_mu_;
-  std::condition_variable ticker_cv_;
-  bool stopping_ = false;  // guarded by ticker_mu_
+  absl::Mutex ticker_mu_;
+  bool stopping_ ABSL_GUARDED_BY(ticker_mu_) = false;
   std::thread ticker_;
   bool started_ = false;
   bool shut_down_ = false;

@@ -1,6 +1,7 @@
 #include "collector/state.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -19,13 +20,13 @@ bool ValidName(absl::string_view name) {
   return name.size() <= kMaxNameBytes && FindControlCharacter(name) == absl::string_view::npos;
 }
 
-analysis::EngineOptions EngineOptionsWithLimits(const CollectorStateOptions& o) {
-  analysis::EngineOptions e = o.engine;
-  // The collector checks these limits itself first (to count them by name); the engine's own
-  // check is a backstop.
-  e.max_jobs = o.max_jobs;
-  e.max_ranks_per_job = o.max_ranks_per_job;
-  return e;
+// Rank rows built per hold of the ingest mutex (see AdvanceExpireAndPublish).
+constexpr int kRankRowsPerHold = 4096;
+
+int64_t NanosSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              start)
+      .count();
 }
 
 }  // namespace
@@ -62,7 +63,7 @@ MemoryCosts MemoryCostsFor(const analysis::EngineOptions& engine) {
 CollectorState::CollectorState(CollectorStateOptions options, const Clock* clock)
     : options_(std::move(options)),
       clock_(clock),
-      engine_(EngineOptionsWithLimits(options_)),
+      engine_(options_.engine),
       deduper_(options_.dedupe),
       costs_(MemoryCostsFor(options_.engine)),
       reports_(options_.reports) {
@@ -70,25 +71,57 @@ CollectorState::CollectorState(CollectorStateOptions options, const Clock* clock
   if (absl::Status st = reports_.Load(clock_->NowUnixNanos()); !st.ok()) {
     SW_LOG_WARNING << "job reports will not survive a restart: " << st;
   }
-  absl::MutexLock lock(&mu_);
-  if (absl::Status st = deduper_.OpenJournal(); !st.ok()) {
-    SW_LOG_WARNING << "batch deduplication journal: " << st;
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status st = deduper_.OpenJournal(); !st.ok()) {
+      SW_LOG_WARNING << "batch deduplication journal: " << st;
+    }
   }
+  // Readers never see null: an empty view until the first Tick.
+  auto empty = std::make_shared<PublishedView>();
+  empty->snapshot.now_unix_nanos = clock_->NowUnixNanos();
+  empty->snapshot.node_down_nanos = options_.node_down_nanos;
+  empty->snapshot.memory_budget_bytes = options_.max_memory_bytes;
+  Publish(std::move(empty));
+}
+
+void CollectorState::Publish(std::shared_ptr<const PublishedView> view) {
+  std::shared_ptr<const PublishedView> old;
+  {
+    absl::MutexLock lock(&published_mu_);
+    old = std::move(published_);
+    published_ = std::move(view);
+  }
+  // `old` is freed here, outside the lock, when no reader holds it any more.
+}
+
+void CollectorState::SyncCounters() {
+  absl::MutexLock lock(&counters_mu_);
+  live_counters_ = counters_;
+  live_accounted_bytes_ = accounted_bytes_;
+}
+
+std::shared_ptr<const PublishedView> CollectorState::Published() const {
+  absl::MutexLock lock(&published_mu_);
+  return published_;
 }
 
 void CollectorState::CountRefused(const char* reason) {
   absl::MutexLock lock(&mu_);
   ++counters_.refused[reason];
+  SyncCounters();
 }
 
 void CollectorState::CountIngestError() {
   absl::MutexLock lock(&mu_);
   ++counters_.ingest_errors;
+  SyncCounters();
 }
 
 void CollectorState::CountStateSaveError() {
   absl::MutexLock lock(&mu_);
   ++counters_.state_save_errors;
+  SyncCounters();
 }
 
 int64_t CollectorState::MemoryAccountedBytes() const {
@@ -120,45 +153,114 @@ void CollectorState::EraseJob(const std::string& job) {
   jobs_.erase(it);
 }
 
-bool CollectorState::AdmitStep(const v1::StepEvent& event, int64_t now) {
-  if (event.world_size() > options_.max_ranks_per_job) {
-    ++counters_.limit_hits["ranks_per_job"];
-    return false;
+void CollectorState::HitLimit(const char* limit) {
+  ++counters_.limit_hits[limit];
+  std::unique_ptr<LogRateLimiter>& limiter = limit_log_limiters_[limit];
+  // The first refusal is logged, then at most one line a minute per limit.
+  if (limiter == nullptr) limiter = std::make_unique<LogRateLimiter>(1, std::chrono::minutes(1));
+  uint64_t suppressed = 0;
+  if (!limiter->Allow(&suppressed)) return;
+  const analysis::EngineOptions& e = engine_.options();
+  const std::string name = limit;
+  int value = 0;
+  const char* flag = "";
+  const char* refused = "";
+  if (name == "jobs") {
+    value = e.max_jobs;
+    flag = "--max-jobs";
+    refused = "steps of new jobs";
+  } else if (name == "ranks_per_job") {
+    value = e.max_ranks_per_job;
+    flag = "--max-ranks-per-job";
+    refused = "steps of larger jobs";
+  } else if (name == "nodes") {
+    value = options_.max_nodes;
+    flag = "--max-nodes";
+    refused = "samples of new nodes";
+  } else if (name == "gpus_per_node") {
+    value = options_.max_gpus_per_node;
+    flag = "--max-gpus-per-node";
+    refused = "samples of further GPUs";
   }
+  SW_LOG_WARNING << "limit " << name << " of " << value << " reached: dropping " << refused
+                 << " (raise it with " << flag << ")"
+                 << (suppressed > 0 ? absl::StrCat(" [", suppressed, " similar suppressed]")
+                                    : std::string());
+}
+
+CollectorState::Admission CollectorState::AdmitStep(const v1::StepEvent& event, int64_t now) {
+  Admission a;
+  const analysis::EngineOptions& limits = engine_.options();
+  if (event.world_size() > limits.max_ranks_per_job) {
+    HitLimit("ranks_per_job");
+    return a;
+  }
+  // The engine's registry says which jobs and ranks exist; the track keeps only the charges.
+  const std::optional<int> known = engine_.KnownRanks(event.job());
   auto it = jobs_.find(event.job());
-  if (it == jobs_.end()) {
-    if (static_cast<int>(jobs_.size()) >= options_.max_jobs) {
-      ++counters_.limit_hits["jobs"];
-      return false;
+  if (!known.has_value()) {
+    if (it != jobs_.end()) EraseJob(event.job());  // never left behind; defensive
+    if (engine_.JobCount() >= static_cast<size_t>(std::max(0, limits.max_jobs))) {
+      HitLimit("jobs");
+      return a;
     }
     const int64_t cost = costs_.job + costs_.rank_slot * event.world_size() + costs_.rank;
-    if (!Charge(cost, "job")) return false;
+    if (!Charge(cost, "job")) return a;
     it = jobs_.emplace(event.job(), JobTrack{}).first;
     it->second.world_size_charged = event.world_size();
+    it->second.ranks_charged = 1;
     it->second.charged_bytes = cost;
-    it->second.ranks.insert(event.rank());
+    a.new_job = true;
+    a.bytes = cost;
+    a.ranks = 1;
+  } else {
+    if (it == jobs_.end()) it = jobs_.emplace(event.job(), JobTrack{}).first;
+    JobTrack& job = it->second;
+    if (event.world_size() > job.world_size_charged) {
+      // A rescaled job: the engine's rank slots grow with it. Kept when the step is refused.
+      const int64_t cost = costs_.rank_slot * (event.world_size() - job.world_size_charged);
+      if (!Charge(cost, "rank")) return a;
+      job.world_size_charged = event.world_size();
+      job.charged_bytes += cost;
+    }
+    // A rank the engine does not know yet, beyond the most it knew at once, costs one more.
+    if (!engine_.RankKnown(event.job(), event.rank()) && *known >= job.ranks_charged) {
+      if (!Charge(costs_.rank, "rank")) return a;
+      job.charged_bytes += costs_.rank;
+      ++job.ranks_charged;
+      a.bytes = costs_.rank;
+      a.ranks = 1;
+    }
   }
   JobTrack& job = it->second;
-  if (event.world_size() > job.world_size_charged) {
-    // A rescaled job: the engine's rank slots grow with it.
-    const int64_t cost = costs_.rank_slot * (event.world_size() - job.world_size_charged);
-    if (!Charge(cost, "rank")) return false;
-    job.world_size_charged = event.world_size();
-    job.charged_bytes += cost;
-  }
-  if (!job.ranks.contains(event.rank())) {
-    if (static_cast<int>(job.ranks.size()) >= options_.max_ranks_per_job) {
-      ++counters_.limit_hits["ranks_per_job"];
-      return false;
-    }
-    if (!Charge(costs_.rank, "rank")) return false;
-    job.charged_bytes += costs_.rank;
-    job.ranks.insert(event.rank());
-  }
   if (job.first_step < 0 || event.step() < job.first_step) job.first_step = event.step();
   if (job.first_seen_unix_nanos == 0) job.first_seen_unix_nanos = now;
   job.last_seen_unix_nanos = now;
-  return true;
+  a.admitted = true;
+  return a;
+}
+
+void CollectorState::Refund(const std::string& job, const Admission& a) {
+  if (a.new_job) {
+    EraseJob(job);
+    return;
+  }
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return;
+  accounted_bytes_ -= a.bytes;
+  it->second.charged_bytes -= a.bytes;
+  it->second.ranks_charged -= a.ranks;
+}
+
+void CollectorState::RefundForgottenRanks() {
+  for (auto& [name, job] : jobs_) {
+    const int known = engine_.KnownRanks(name).value_or(0);
+    if (job.ranks_charged <= known) continue;
+    const int64_t refund = costs_.rank * (job.ranks_charged - known);
+    accounted_bytes_ -= refund;
+    job.charged_bytes -= refund;
+    job.ranks_charged = known;
+  }
 }
 
 int64_t CollectorState::TrustedTime(int64_t sender, int64_t now, const std::string& node) {
@@ -186,7 +288,7 @@ CollectorState::NodeTrack* CollectorState::TouchNode(const v1::ReportBatch& batc
   auto it = nodes_.find(name);
   if (it == nodes_.end()) {
     if (static_cast<int>(nodes_.size()) >= options_.max_nodes) {
-      ++counters_.limit_hits["nodes"];
+      HitLimit("nodes");
       return nullptr;
     }
     if (!Charge(costs_.node, "node")) return nullptr;
@@ -233,6 +335,7 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
   ack.set_acked_seq(dedupe.acked_seq);
   if (dedupe.duplicate) {
     ++counters_.duplicate_batches;
+    SyncCounters();
     return ack;
   }
 
@@ -245,11 +348,12 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
     // Validated before admission (a batch need not come from a real agent), so that invalid
     // steps cannot take job or rank slots.
     FillStepSample(event, node_name, now, &scratch_step_);
-    if (!ValidName(event.job()) || !analysis::ValidateStepSample(scratch_step_).ok()) {
+    if (!ValidName(event.job()) || !analysis::ValidateStepEvent(scratch_step_).ok()) {
       ++counters_.steps_rejected["invalid"];
       continue;
     }
-    if (!AdmitStep(event, now)) {
+    const Admission admission = AdmitStep(event, now);
+    if (!admission.admitted) {
       ++counters_.steps_rejected["limit"];
       continue;
     }
@@ -257,6 +361,8 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
         TrustedTime(scratch_step_.received_unix_nanos, now, node_name);
     absl::Status st = engine_.AddStep(scratch_step_);
     if (!st.ok()) {
+      // Admission charged for what the engine did not take.
+      Refund(event.job(), admission);
       ++counters_.steps_rejected[absl::IsResourceExhausted(st) ? "limit" : "invalid"];
     }
   }
@@ -267,7 +373,7 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
       auto slot = node->gpu_slot.find(gpu.index());
       if (slot == node->gpu_slot.end()) {
         if (static_cast<int>(node->gpu_slot.size()) >= options_.max_gpus_per_node) {
-          ++counters_.limit_hits["gpus_per_node"];
+          HitLimit("gpus_per_node");
           continue;
         }
         if (!Charge(costs_.gpu, "GPU")) continue;
@@ -283,14 +389,14 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
       } else {
         node->view.gpus[slot->second] = gpu;
       }
-      analysis::GpuReading reading = ToGpuReading(gpu, node_name);
+      analysis::GpuSample reading = ToGpuReading(gpu, node_name);
       reading.sampled_unix_nanos = TrustedTime(reading.sampled_unix_nanos, now, node_name);
       engine_.AddGpu(reading);
     }
     if (batch.has_host()) {
       ++counters_.host_samples_received;
       node->view.host = batch.host();
-      analysis::HostReading reading = ToHostReading(batch.host(), node_name);
+      analysis::HostSample reading = ToHostReading(batch.host(), node_name);
       reading.sampled_unix_nanos = TrustedTime(reading.sampled_unix_nanos, now, node_name);
       engine_.AddHost(reading);
     }
@@ -327,11 +433,13 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
     const uint64_t n = deduper_.journal_errors();
     if ((n & (n - 1)) == 0) SW_LOG_WARNING << "batch deduplication journal (" << n << "): " << st;
   }
+  SyncCounters();
   lock.Release();
   // Outside mu_: the disk does not hold up other streams, and concurrent batches share one sync.
   if (absl::Status st = sync.Wait(); !st.ok()) {
     absl::MutexLock relock(&mu_);
     ++counters_.state_save_errors;
+    SyncCounters();
     SW_LOG_WARNING << "batch deduplication journal: " << st;
   }
   return ack;
@@ -339,22 +447,24 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
 
 void CollectorState::Tick() {
   const int64_t now = clock_->NowUnixNanos();
-  AdvanceAndExpire(now);
+  AdvanceExpireAndPublish(now);
   reports_.Prune(now);
   // Outside mu_: disk latency must not hold up ingest.
   if (int failures = reports_.Flush(); failures > 0) {
     absl::MutexLock lock(&mu_);
     counters_.state_save_errors += failures;
+    SyncCounters();
   }
 }
 
-void CollectorState::ObserveReports(int64_t now) {
+void CollectorState::ObserveReports(const std::vector<analysis::JobSnapshot>& jobs,
+                                    const std::vector<analysis::Finding>& findings, int64_t now) {
   absl::flat_hash_map<std::string, std::vector<analysis::Finding>> by_job;
-  for (analysis::Finding& f : engine_.Findings()) {
-    if (!f.job.empty()) by_job[f.job].push_back(std::move(f));
+  for (const analysis::Finding& f : findings) {
+    if (!f.job.empty()) by_job[f.job].push_back(f);
   }
   const std::vector<analysis::Finding> none;
-  for (const analysis::JobSnapshot& job : engine_.Jobs()) {
+  for (const analysis::JobSnapshot& job : jobs) {
     auto found = by_job.find(job.job);
     reports_.Observe(job, found == by_job.end() ? none : found->second, SpanOf(job.job), now);
   }
@@ -372,67 +482,122 @@ JobSpan CollectorState::SpanOf(const std::string& job) const {
   return JobSpan{track->second.first_step, track->second.first_seen_unix_nanos};
 }
 
-void CollectorState::AdvanceAndExpire(int64_t now) {
+void CollectorState::AdvanceExpireAndPublish(int64_t now) {
   const int64_t cutoff = now - options_.expire_nanos;
-  absl::MutexLock lock(&mu_);
-  engine_.Advance(now);
-  ObserveReports(now);
-  for (auto it = jobs_.begin(); it != jobs_.end();) {
-    if (it->second.last_seen_unix_nanos < cutoff) {
-      SW_LOG_INFO << "job " << it->first << " unseen for " << options_.expire_nanos / 1'000'000'000
+  auto view = std::make_shared<PublishedView>();
+  StateSnapshot& s = view->snapshot;
+  const auto locked_at = std::chrono::steady_clock::now();
+  {
+    absl::MutexLock lock(&mu_);
+    engine_.Advance(now);
+    // One evaluation per tick serves the reports, the expired jobs' reports and the view.
+    std::vector<analysis::JobSnapshot> jobs = engine_.Jobs();
+    std::vector<analysis::Finding> findings = engine_.Findings();
+    ObserveReports(jobs, findings, now);
+    bool expired = false;
+    for (const analysis::JobSnapshot& snap : jobs) {
+      auto it = jobs_.find(snap.job);
+      if (it == jobs_.end() || it->second.last_seen_unix_nanos >= cutoff) continue;
+      SW_LOG_INFO << "job " << snap.job << " unseen for " << options_.expire_nanos / 1'000'000'000
                   << " s: forgetting it";
-      if (std::optional<analysis::JobSnapshot> snap = engine_.Job(it->first); snap.has_value()) {
-        std::vector<analysis::Finding> findings = engine_.Findings();
-        findings.erase(
-            std::remove_if(findings.begin(), findings.end(),
-                           [&](const analysis::Finding& f) { return f.job != snap->job; }),
-            findings.end());
-        FinishReport(*snap, findings, "expired", now);
+      std::vector<analysis::Finding> own;
+      for (const analysis::Finding& f : findings) {
+        if (f.job == snap.job) own.push_back(f);
       }
-      engine_.RemoveJob(it->first);
+      FinishReport(snap, own, "expired", now);
+      engine_.RemoveJob(snap.job);
       ++counters_.expired["job"];
-      accounted_bytes_ -= it->second.charged_bytes;
-      jobs_.erase(it++);
-    } else {
-      ++it;
+      EraseJob(snap.job);
+      expired = true;
+    }
+    bool nodes_removed = false;
+    for (auto it = nodes_.begin(); it != nodes_.end();) {
+      if (it->second.view.last_seen_unix_nanos < cutoff) {
+        SW_LOG_INFO << "node " << it->first << " unseen for "
+                    << options_.expire_nanos / 1'000'000'000 << " s: forgetting it";
+        engine_.RemoveNode(it->first);
+        deduper_.ForgetAgent(it->second.view.agent_id);
+        ++counters_.expired["node"];
+        accounted_bytes_ -=
+            costs_.node + costs_.gpu * static_cast<int64_t>(it->second.gpu_slot.size());
+        it = nodes_.erase(it);
+        nodes_removed = true;
+      } else {
+        ++it;
+      }
+    }
+    // The engine forgot the ranks of removed nodes: so do the charges.
+    if (nodes_removed) RefundForgottenRanks();
+
+    // The view: what the engine holds now.
+    const auto build_at = std::chrono::steady_clock::now();
+    if (expired || nodes_removed) {
+      jobs = engine_.Jobs();
+      findings = engine_.Findings();
+    }
+    s.jobs = std::move(jobs);
+    s.findings = std::move(findings);
+    s.nodes.reserve(nodes_.size());
+    for (const auto& [name, track] : nodes_) s.nodes.push_back(track.view);
+    s.counters = counters_;
+    SyncCounters();
+    s.memory_accounted_bytes = accounted_bytes_;
+    s.detector_timings = engine_.DetectorTimings();
+    view->build_locked_nanos = NanosSince(build_at);
+  }
+  view->tick_locked_nanos = NanosSince(locked_at);
+  view->longest_hold_nanos = view->tick_locked_nanos;
+  // Rank rows (four medians over each rank's window) are what a tick costs most at scale: 100,000
+  // ranks take longer than ingest may wait. They are built in slices, each under the mutex on its
+  // own, so ingest waits at most one slice; rows of one job may then be a few slices apart.
+  view->ranks.reserve(s.jobs.size());
+  for (const analysis::JobSnapshot& j : s.jobs) {
+    std::vector<analysis::RankSnapshot>& rows = view->ranks[j.job];
+    for (int first = 0; first < j.world_size; first += kRankRowsPerHold) {
+      const auto slice_at = std::chrono::steady_clock::now();
+      std::vector<analysis::RankSnapshot> slice;
+      {
+        absl::MutexLock lock(&mu_);
+        slice = engine_.Ranks(j.job, first, first + kRankRowsPerHold);
+      }
+      const int64_t held = NanosSince(slice_at);
+      view->rank_rows_locked_nanos += held;
+      view->longest_hold_nanos = std::max(view->longest_hold_nanos, held);
+      rows.insert(rows.end(), std::make_move_iterator(slice.begin()),
+                  std::make_move_iterator(slice.end()));
     }
   }
-  for (auto it = nodes_.begin(); it != nodes_.end();) {
-    if (it->second.view.last_seen_unix_nanos < cutoff) {
-      SW_LOG_INFO << "node " << it->first << " unseen for " << options_.expire_nanos / 1'000'000'000
-                  << " s: forgetting it";
-      engine_.RemoveNode(it->first);
-      deduper_.ForgetAgent(it->second.view.agent_id);
-      ++counters_.expired["node"];
-      accounted_bytes_ -=
-          costs_.node + costs_.gpu * static_cast<int64_t>(it->second.gpu_slot.size());
-      it = nodes_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  const auto unlocked_at = std::chrono::steady_clock::now();
+  s.now_unix_nanos = now;
+  s.node_down_nanos = options_.node_down_nanos;
+  s.memory_budget_bytes = options_.max_memory_bytes;
+  for (const analysis::Finding& f : s.findings) ++view->findings_per_job[f.job];
+  SelectRankSeries(view.get());
+  view->build_unlocked_nanos = NanosSince(unlocked_at);
+  Publish(std::move(view));
+}
+
+void CollectorState::RunWithIngestLockHeld(const std::function<void()>& fn) {
+  absl::MutexLock lock(&mu_);
+  fn();
 }
 
 v1::StatusResponse CollectorState::Status() const {
   v1::StatusResponse out;
-  absl::MutexLock lock(&mu_);
-  const std::vector<analysis::Finding> findings = engine_.Findings();
-  absl::flat_hash_map<std::string, int> per_job;
-  for (const auto& f : findings) ++per_job[f.job];
-  for (const analysis::JobSnapshot& job : engine_.Jobs()) {
-    auto it = per_job.find(job.job);
-    ToProto(job, it == per_job.end() ? 0 : it->second, out.add_jobs());
+  const std::shared_ptr<const PublishedView> view = Published();
+  for (const analysis::JobSnapshot& job : view->snapshot.jobs) {
+    auto it = view->findings_per_job.find(job.job);
+    ToProto(job, it == view->findings_per_job.end() ? 0 : it->second, out.add_jobs());
   }
   // Jobs first; nodes while the answer stays under max_answer_bytes, so that it always fits the
   // gRPC send limit (the last nodes are left out, and logged, beyond it).
   size_t bytes = out.ByteSizeLong();
   size_t omitted = 0;
-  for (const auto& [name, track] : nodes_) {
+  for (const NodeView& n : view->snapshot.nodes) {
     if (bytes > static_cast<size_t>(std::max<int64_t>(0, options_.max_answer_bytes))) {
       ++omitted;
       continue;
     }
-    const NodeView& n = track.view;
     v1::NodeStatus* ns = out.add_nodes();
     ns->set_node(n.node);
     ns->set_agent_id(n.agent_id);
@@ -456,18 +621,19 @@ v1::StatusResponse CollectorState::Status() const {
   }
   if (omitted > 0) {
     SW_LOG_WARNING << "status answer over " << (options_.max_answer_bytes >> 20)
-                   << " MiB: " << omitted << " of " << nodes_.size() << " nodes left out";
+                   << " MiB: " << omitted << " of " << view->snapshot.nodes.size()
+                   << " nodes left out";
   }
   return out;
 }
 
 v1::FindingsResponse CollectorState::Findings(absl::string_view job) const {
   v1::FindingsResponse out;
-  absl::MutexLock lock(&mu_);
+  const std::shared_ptr<const PublishedView> view = Published();
   // Ordered by job, kind, rank: beyond max_answer_bytes the rest are left out (and logged).
   size_t bytes = 0;
   size_t omitted = 0;
-  for (const analysis::Finding& f : engine_.Findings()) {
+  for (const analysis::Finding& f : view->snapshot.findings) {
     if (!job.empty() && f.job != job) continue;
     if (bytes > static_cast<size_t>(std::max<int64_t>(0, options_.max_answer_bytes))) {
       ++omitted;
@@ -486,11 +652,17 @@ v1::FindingsResponse CollectorState::Findings(absl::string_view job) const {
 
 absl::StatusOr<v1::ExplainResponse> CollectorState::Explain(absl::string_view job) const {
   v1::ExplainResponse out;
-  absl::MutexLock lock(&mu_);
-  std::optional<analysis::JobSnapshot> snap = engine_.Job(job);
-  if (!snap.has_value()) return absl::NotFoundError(absl::StrCat("no job named \"", job, "\""));
+  const std::shared_ptr<const PublishedView> view = Published();
+  const std::vector<analysis::JobSnapshot>& jobs = view->snapshot.jobs;
+  // Jobs are ordered by name (the engine's registry is).
+  auto snap = std::lower_bound(
+      jobs.begin(), jobs.end(), job,
+      [](const analysis::JobSnapshot& j, absl::string_view name) { return j.job < name; });
+  if (snap == jobs.end() || snap->job != job) {
+    return absl::NotFoundError(absl::StrCat("no job named \"", job, "\""));
+  }
   int count = 0;
-  for (const analysis::Finding& f : engine_.Findings()) {
+  for (const analysis::Finding& f : view->snapshot.findings) {
     if (f.job != job) continue;
     ++count;
     ToProto(f, out.add_findings());
@@ -512,69 +684,71 @@ absl::StatusOr<v1::ExplainResponse> CollectorState::Explain(absl::string_view jo
   if (snap->scaling_efficiency_ratio.has_value()) {
     out.set_scaling_efficiency_ratio(*snap->scaling_efficiency_ratio);
   }
-  for (const analysis::RankSnapshot& r : engine_.Ranks(job)) ToProto(r, out.add_ranks());
+  if (auto ranks = view->ranks.find(job); ranks != view->ranks.end()) {
+    for (const analysis::RankSnapshot& r : ranks->second) ToProto(r, out.add_ranks());
+  }
   return out;
 }
 
 StateSnapshot CollectorState::Snapshot() const {
-  StateSnapshot s;
+  const std::shared_ptr<const PublishedView> view = Published();
+  StateSnapshot s = view->snapshot;
+  {
+    absl::MutexLock lock(&counters_mu_);
+    s.counters = live_counters_;
+    s.memory_accounted_bytes = live_accounted_bytes_;
+  }
   s.now_unix_nanos = clock_->NowUnixNanos();
-  s.node_down_nanos = options_.node_down_nanos;
   s.agents_connected = agents_connected_.load();
-  absl::MutexLock lock(&mu_);
-  s.jobs = engine_.Jobs();
-  s.findings = engine_.Findings();
-  SelectRankSeries(s.jobs, &s.top_ranks);
-  s.nodes.reserve(nodes_.size());
-  for (const auto& [name, track] : nodes_) s.nodes.push_back(track.view);
-  s.counters = counters_;
-  s.counters.rank_series_dropped = rank_series_dropped_;
-  s.memory_accounted_bytes = accounted_bytes_;
-  s.memory_budget_bytes = options_.max_memory_bytes;
-  s.detector_timings = engine_.DetectorTimings();
+  s.counters.rank_series_dropped =
+      rank_series_dropped_.fetch_add(view->rank_series_dropped) + view->rank_series_dropped;
   return s;
 }
 
-void CollectorState::SelectRankSeries(
-    const std::vector<analysis::JobSnapshot>& jobs,
-    std::vector<std::pair<std::string, analysis::RankSnapshot>>* out) const {
-  const auto slower = [](const analysis::RankSnapshot& a, const analysis::RankSnapshot& b) {
-    if (a.busy_vs_median_ratio != b.busy_vs_median_ratio) {
-      return a.busy_vs_median_ratio > b.busy_vs_median_ratio;
+void CollectorState::SelectRankSeries(PublishedView* view) const {
+  const auto slower = [](const analysis::RankSnapshot* a, const analysis::RankSnapshot* b) {
+    if (a->busy_vs_median_ratio != b->busy_vs_median_ratio) {
+      return a->busy_vs_median_ratio > b->busy_vs_median_ratio;
     }
-    return a.rank < b.rank;
+    return a->rank < b->rank;
   };
+  const std::vector<analysis::JobSnapshot>& jobs = view->snapshot.jobs;
+  auto* out = &view->snapshot.top_ranks;
   const size_t cap = static_cast<size_t>(std::max(0, options_.max_rank_series));
   const size_t top_k = static_cast<size_t>(std::max(0, options_.top_ranks_per_job));
   // Flagged ranks of every job come first, so that the cap never hides a verdict behind a merely
   // slow rank; then each job's slowest unflagged ranks.
-  std::vector<std::vector<analysis::RankSnapshot>> rest(jobs.size());
+  std::vector<std::vector<const analysis::RankSnapshot*>> rest(jobs.size());
   uint64_t dropped = 0;
+  std::vector<const analysis::RankSnapshot*> ranks;
   for (size_t j = 0; j < jobs.size(); ++j) {
-    std::vector<analysis::RankSnapshot> ranks = engine_.Ranks(jobs[j].job);
+    auto found = view->ranks.find(jobs[j].job);
+    if (found == view->ranks.end()) continue;
+    ranks.clear();
+    for (const analysis::RankSnapshot& r : found->second) ranks.push_back(&r);
     std::sort(ranks.begin(), ranks.end(), slower);
     for (size_t i = 0; i < ranks.size(); ++i) {
-      if (ranks[i].straggler) {
+      if (ranks[i]->straggler) {
         if (out->size() < cap) {
-          out->emplace_back(jobs[j].job, std::move(ranks[i]));
+          out->emplace_back(jobs[j].job, *ranks[i]);
         } else {
           ++dropped;
         }
       } else if (i < top_k) {
-        rest[j].push_back(std::move(ranks[i]));
+        rest[j].push_back(ranks[i]);
       }
     }
   }
   for (size_t j = 0; j < jobs.size(); ++j) {
-    for (analysis::RankSnapshot& r : rest[j]) {
+    for (const analysis::RankSnapshot* r : rest[j]) {
       if (out->size() < cap) {
-        out->emplace_back(jobs[j].job, std::move(r));
+        out->emplace_back(jobs[j].job, *r);
       } else {
         ++dropped;
       }
     }
   }
-  rank_series_dropped_ += dropped;
+  view->rank_series_dropped = dropped;
 }
 
 std::string CollectorState::SerializeScalingHistory() const {

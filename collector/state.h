@@ -1,18 +1,20 @@
-// The collector's state: the analysis engine behind a mutex, the last readings of every node, batch
-// deduplication, limits, expiry and the collector's own counters. Thread-safe; gRPC reactors, the
-// ticker thread and /metrics scrapes all go through it.
+// The collector's state: the analysis engine behind the ingest mutex, the last readings of every
+// node, batch deduplication, limits, expiry and the collector's own counters. Thread-safe. Ingest
+// (gRPC reactors) and the ticker take the ingest mutex; readers (/metrics scrapes, stepwatchctl
+// queries) only read the immutable view that each Tick() publishes, and never wait for ingest.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -36,9 +38,8 @@ struct CollectorStateOptions {
   int64_t max_clock_skew_nanos = 30'000'000'000;
   // A node is reported down (stepwatch_node_up 0) when unseen for this long.
   int64_t node_down_nanos = 15'000'000'000;
-  // Limits; what would exceed one is dropped and counted in limit_hits{limit}.
-  int max_jobs = 1000;
-  int max_ranks_per_job = 65536;
+  // Limits; what would exceed one is dropped and counted in limit_hits{limit}. The limits on jobs
+  // and ranks per job are the engine's (engine.max_jobs, engine.max_ranks_per_job).
   int max_nodes = 10000;
   int max_gpus_per_node = 64;
   // Memory budget in bytes for what the collector tracks (0: none). Every job, rank, node and GPU
@@ -110,7 +111,8 @@ struct CollectorCounters {
   std::map<std::string, uint64_t> series_dropped;
 };
 
-// Everything /metrics shows, copied under the lock at scrape time.
+// Everything /metrics shows: built at each Tick() (see PublishedView), copied at scrape time; the
+// counters and the memory accounted alone are those of the last batch applied.
 struct StateSnapshot {
   int64_t now_unix_nanos = 0;
   int64_t node_down_nanos = 0;
@@ -129,6 +131,27 @@ struct StateSnapshot {
   std::map<std::string, analysis::DetectorTiming> detector_timings;
 };
 
+// What readers see: built at the end of each Tick() and never changed after it is published.
+// `snapshot.now_unix_nanos` is the time of that Tick.
+struct PublishedView {
+  StateSnapshot snapshot;
+  // Every job's ranks (for Explain), by job name.
+  absl::flat_hash_map<std::string, std::vector<analysis::RankSnapshot>> ranks;
+  // Active findings per job name.
+  absl::flat_hash_map<std::string, int> findings_per_job;
+  // Ranks left out of snapshot.top_ranks by max_rank_series (counted per scrape).
+  uint64_t rank_series_dropped = 0;
+  // Where the time of the Tick that built this view went: its main hold of the ingest mutex
+  // (advance, expiry, findings, jobs, nodes), the part of that spent copying for this view, the
+  // rank rows (built in slices, each its own hold), the longest single hold, and the work done
+  // outside the mutex (the per-rank series selection).
+  int64_t tick_locked_nanos = 0;
+  int64_t build_locked_nanos = 0;
+  int64_t rank_rows_locked_nanos = 0;
+  int64_t longest_hold_nanos = 0;
+  int64_t build_unlocked_nanos = 0;
+};
+
 class CollectorState {
  public:
   CollectorState(CollectorStateOptions options, const Clock* clock);
@@ -141,7 +164,8 @@ class CollectorState {
   // InvalidArgument when the batch lacks agent_id, boot_id or seq.
   absl::StatusOr<v1::IngestAck> Apply(const v1::ReportBatch& batch);
 
-  // Runs the engine's time-driven parts and expires jobs and nodes unseen for `expire`.
+  // Runs the engine's time-driven parts, expires jobs and nodes unseen for `expire`, and publishes
+  // the view that Snapshot(), Status(), Findings() and Explain() answer from until the next Tick.
   void Tick();
 
   void AgentConnected() { agents_connected_.fetch_add(1); }
@@ -151,12 +175,19 @@ class CollectorState {
   void CountRefused(const char* reason);
   void CountStateSaveError();
 
+  // Readers of the published view: they never take the ingest mutex.
   v1::StatusResponse Status() const;
   // Empty `job`: every job's findings (idle GPUs included).
   v1::FindingsResponse Findings(absl::string_view job) const;
   // NotFound for an unknown job.
   absl::StatusOr<v1::ExplainResponse> Explain(absl::string_view job) const;
   StateSnapshot Snapshot() const;
+  // The view published by the last Tick() (an empty one before the first); never null.
+  std::shared_ptr<const PublishedView> Published() const;
+
+  // Runs `fn` while holding the ingest mutex, as a long Apply would (for tests: readers must not
+  // wait for it).
+  void RunWithIngestLockHeld(const std::function<void()>& fn) ABSL_LOCKS_EXCLUDED(mu_);
 
   std::string SerializeScalingHistory() const;
   absl::Status LoadScalingHistory(absl::string_view data);
@@ -168,23 +199,40 @@ class CollectorState {
   int64_t MemoryAccountedBytes() const;
 
  private:
+  // What the collector keeps of a job beside the engine's registry (which alone records which
+  // jobs and ranks exist): created and erased with the engine's job.
   struct JobTrack {
+    // On the collector's clock, for expiry.
     int64_t last_seen_unix_nanos = 0;
-    absl::flat_hash_set<int> ranks;
     // For the job's report: the lowest step and when the job was first seen.
     int64_t first_step = -1;
     int64_t first_seen_unix_nanos = 0;
-    // Memory charged for this job: its state, rank slots and ranks.
+    // Memory charged for this job: its state, rank slots (the largest world size seen) and ranks
+    // (the most the engine knew at once).
     int world_size_charged = 0;
+    int ranks_charged = 0;
     int64_t charged_bytes = 0;
+  };
+  // What AdmitStep charged for one step, returned if the engine refuses it.
+  struct Admission {
+    bool admitted = false;
+    bool new_job = false;
+    int64_t bytes = 0;
+    int ranks = 0;
   };
   struct NodeTrack {
     NodeView view;
     absl::flat_hash_map<int, size_t> gpu_slot;  // index -> position in view.gpus
   };
 
-  // Returns false (and counts) when the step would exceed a limit.
-  bool AdmitStep(const v1::StepEvent& event, int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Not admitted (counted) when the step would exceed a limit or the memory budget.
+  Admission AdmitStep(const v1::StepEvent& event, int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns what AdmitStep charged for a step the engine refused.
+  void Refund(const std::string& job, const Admission& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a refusal by `limit` ("jobs", "ranks_per_job", ...), logged at a bounded rate.
+  void HitLimit(const char* limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After the engine forgot ranks (RemoveNode): returns the charges of ranks it no longer knows.
+  void RefundForgottenRanks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Charges `bytes` against the memory budget; false (counted, logged at a bounded rate) when
   // that would exceed it. `what` names the refused item in the log.
   bool Charge(int64_t bytes, const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -196,19 +244,25 @@ class CollectorState {
   // and logged at a bounded rate naming the node).
   int64_t TrustedTime(int64_t sender_unix_nanos, int64_t now, const std::string& node)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tick without the reports' disk writes.
-  void AdvanceAndExpire(int64_t now) ABSL_LOCKS_EXCLUDED(mu_);
+  // Tick without the reports' disk writes: advances, expires and publishes.
+  void AdvanceExpireAndPublish(int64_t now) ABSL_LOCKS_EXCLUDED(mu_);
   // Feeds every job's snapshot and findings to the reports.
-  void ObserveReports(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ObserveReports(const std::vector<analysis::JobSnapshot>& jobs,
+                      const std::vector<analysis::Finding>& findings, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Publish(std::shared_ptr<const PublishedView> view) ABSL_LOCKS_EXCLUDED(published_mu_);
+  // Copies the counters and memory accounted for Snapshot(): scraped counters include every batch
+  // applied so far, so that a count scraped just before the collector dies matches what it
+  // acknowledged.
+  void SyncCounters() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(counters_mu_);
   JobSpan SpanOf(const std::string& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the report of a job that is being removed ("exited" or "expired").
   void FinishReport(const analysis::JobSnapshot& job,
                     const std::vector<analysis::Finding>& findings, const char* reason, int64_t now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Appends the ranks that get per-rank series (see CollectorStateOptions::max_rank_series).
-  void SelectRankSeries(const std::vector<analysis::JobSnapshot>& jobs,
-                        std::vector<std::pair<std::string, analysis::RankSnapshot>>* out) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills view->snapshot.top_ranks, the ranks that get per-rank series (see
+  // CollectorStateOptions::max_rank_series), from view->ranks; touches no shared state.
+  void SelectRankSeries(PublishedView* view) const;
 
   const CollectorStateOptions options_;
   const Clock* const clock_;
@@ -222,14 +276,25 @@ class CollectorState {
   CollectorCounters counters_ ABSL_GUARDED_BY(mu_);
   LogRateLimiter skew_log_limiter_{3, std::chrono::minutes(1)};
   LogRateLimiter memory_log_limiter_{3, std::chrono::minutes(1)};
+  // One per limit on counts ("jobs", "ranks_per_job", "nodes", "gpus_per_node").
+  std::map<std::string, std::unique_ptr<LogRateLimiter>> limit_log_limiters_ ABSL_GUARDED_BY(mu_);
   const MemoryCosts costs_;
   int64_t accounted_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Counted by Snapshot(), which is const: scrapes only read the state otherwise.
-  mutable uint64_t rank_series_dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable std::atomic<uint64_t> rank_series_dropped_{0};
   // Reused for every step so that conversion does not allocate per step.
-  analysis::StepSample scratch_step_ ABSL_GUARDED_BY(mu_);
+  analysis::StepEvent scratch_step_ ABSL_GUARDED_BY(mu_);
   // Internally synchronized; taken after mu_, never before.
   ReportStore reports_;
+
+  // A copy of counters_ and accounted_bytes_ made at the end of each Apply; held only to copy.
+  mutable absl::Mutex counters_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  CollectorCounters live_counters_ ABSL_GUARDED_BY(counters_mu_);
+  int64_t live_accounted_bytes_ ABSL_GUARDED_BY(counters_mu_) = 0;
+
+  // The view readers answer from, swapped whole at each Tick; held only to copy the pointer.
+  mutable absl::Mutex published_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::shared_ptr<const PublishedView> published_ ABSL_GUARDED_BY(published_mu_);
 };
 
 }  // namespace stepwatch::collector

@@ -27,7 +27,7 @@ void WriteLogLine(LogLevel level, const char* file, int line, absl::string_view 
 }
 
 bool LogRateLimiter::Allow(uint64_t* suppressed) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto now = std::chrono::steady_clock::now();
   if (now - window_start_ >= period_) {
     window_start_ = now;

@@ -4,11 +4,12 @@
 
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <sstream>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 
 namespace stepwatch {
 
@@ -41,15 +42,15 @@ class LogRateLimiter {
       : burst_(burst), period_(period) {}
   // True when a message may be logged now; `*suppressed` receives the number of messages
   // suppressed since the last allowed one.
-  bool Allow(uint64_t* suppressed);
+  bool Allow(uint64_t* suppressed) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   const int burst_;
   const std::chrono::steady_clock::duration period_;
-  std::mutex mu_;
-  std::chrono::steady_clock::time_point window_start_{};
-  int in_window_ = 0;
-  uint64_t suppressed_ = 0;
+  absl::Mutex mu_;
+  std::chrono::steady_clock::time_point window_start_ ABSL_GUARDED_BY(mu_) = {};
+  int in_window_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t suppressed_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace stepwatch

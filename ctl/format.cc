@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace stepwatch::ctl {
@@ -162,6 +164,67 @@ std::string FormatWhatIf(const v1::ExplainResponse& e, bool breakdown_known) {
   return out;
 }
 
+// The set fields of an evidence message as "name=value" (in declaration order; lists joined by
+// ","; a throttle mask in hex): generic, so a new field shows without a change here.
+std::string EvidenceFields(const google::protobuf::Message& m) {
+  using FD = google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* r = m.GetReflection();
+  std::vector<const FD*> fields;
+  r->ListFields(m, &fields);
+  std::vector<std::string> out;
+  for (const FD* fd : fields) {
+    if (fd->cpp_type() == FD::CPPTYPE_MESSAGE) continue;  // devices: one line each
+    const bool rep = fd->is_repeated();
+    std::vector<std::string> values;
+    for (int i = 0, n = rep ? r->FieldSize(m, fd) : 1; i < n; ++i) {
+      switch (fd->cpp_type()) {
+        case FD::CPPTYPE_DOUBLE:
+          values.push_back(
+              absl::StrFormat("%.4g", rep ? r->GetRepeatedDouble(m, fd, i) : r->GetDouble(m, fd)));
+          break;
+        case FD::CPPTYPE_INT32:
+          values.push_back(absl::StrCat(rep ? r->GetRepeatedInt32(m, fd, i) : r->GetInt32(m, fd)));
+          break;
+        case FD::CPPTYPE_INT64:
+          values.push_back(absl::StrCat(rep ? r->GetRepeatedInt64(m, fd, i) : r->GetInt64(m, fd)));
+          break;
+        case FD::CPPTYPE_UINT64:
+          values.push_back(
+              absl::StrFormat("0x%x", rep ? r->GetRepeatedUInt64(m, fd, i) : r->GetUInt64(m, fd)));
+          break;
+        case FD::CPPTYPE_STRING:
+          values.push_back(rep ? r->GetRepeatedString(m, fd, i) : r->GetString(m, fd));
+          break;
+        default:
+          break;
+      }
+    }
+    out.push_back(absl::StrCat(fd->name(), "=", absl::StrJoin(values, ",")));
+  }
+  return absl::StrJoin(out, " ");
+}
+
+// The evidence of one finding, indented under it: its figures, then one line per device.
+std::string FormatEvidence(const v1::FindingEvidence& e) {
+  std::string out;
+  const std::string figures = EvidenceFields(e);
+  if (!figures.empty()) absl::StrAppend(&out, "      evidence: ", figures, "\n");
+  for (const v1::DeviceEvidence& d : e.devices()) {
+    v1::DeviceEvidence rest = d;  // its place is named up front
+    rest.clear_node();
+    rest.clear_gpu();
+    rest.clear_rank();
+    const std::string where =
+        absl::StrCat(d.node().empty() ? "-" : d.node(),
+                     d.gpu() >= 0 ? absl::StrCat(" GPU ", d.gpu()) : std::string(),
+                     d.rank() >= 0 ? absl::StrCat(" (rank ", d.rank(), ")") : std::string());
+    const std::string figures_here = EvidenceFields(rest);
+    if (figures_here.empty()) continue;  // a place without figures (no GPU readings)
+    absl::StrAppend(&out, "      device ", where, ": ", figures_here, "\n");
+  }
+  return out;
+}
+
 }  // namespace
 
 WhatIfSummary SummarizeWhatIf(const v1::ExplainResponse& e) {
@@ -273,6 +336,7 @@ std::string FormatExplain(const v1::ExplainResponse& e, const ExplainFormatOptio
       absl::StrAppend(&out, "  [", f.severity(), "] ", f.kind(), " since step ", f.since_step(),
                       ": ", f.summary(), "\n");
       if (!f.cause().empty()) absl::StrAppend(&out, "      cause: ", f.cause(), "\n");
+      absl::StrAppend(&out, FormatEvidence(f.evidence()));
       if (!f.action().empty()) absl::StrAppend(&out, "      action: ", f.action(), "\n");
     }
   }

@@ -14,11 +14,11 @@ namespace {
 
 constexpr int64_t kSecond = 1'000'000'000;
 
-// Small limits so that one input cannot make a single run slow (the defaults allow 65536 ranks).
+// Small limits so that one input cannot make a single run slow (the defaults allow 100,000 ranks).
 stepwatch::collector::CollectorStateOptions Options() {
   stepwatch::collector::CollectorStateOptions o;
-  o.max_jobs = 8;
-  o.max_ranks_per_job = 256;
+  o.engine.max_jobs = 8;
+  o.engine.max_ranks_per_job = 256;
   o.max_nodes = 8;
   o.max_gpus_per_node = 16;
   return o;

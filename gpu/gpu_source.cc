@@ -7,11 +7,12 @@
 #include <cstring>
 #include <initializer_list>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/log.h"
 #include "gpu/nvml_abi.h"
 #include "gpu/nvml_decode.h"
@@ -122,10 +123,13 @@ struct DeviceState {
 
 class NvmlGpuSource : public GpuSource {
  public:
-  explicit NvmlGpuSource(const GpuSourceOptions& options) : options_(options) { Open(); }
+  explicit NvmlGpuSource(const GpuSourceOptions& options) : options_(options) {
+    absl::MutexLock lock(&mu_);
+    Open();
+  }
 
   ~NvmlGpuSource() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (DeviceState& state : devices_) {
       if (api_.gpm_sample_free != nullptr) {
         if (state.gpm_prev != nullptr) api_.gpm_sample_free(state.gpm_prev);
@@ -137,8 +141,9 @@ class NvmlGpuSource : public GpuSource {
     if (handle_ != nullptr) dlclose(handle_);
   }
 
-  absl::StatusOr<std::vector<v1::GpuSample>> Sample(int64_t now_unix_nanos) override {
-    std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<std::vector<v1::GpuSample>> Sample(int64_t now_unix_nanos) override
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     std::vector<v1::GpuSample> samples;
     if (!initialized_) return samples;
     unsigned int count = 0;
@@ -167,21 +172,21 @@ class NvmlGpuSource : public GpuSource {
     return samples;
   }
 
-  void DescribeNode(v1::NodeInfo* node) const override {
-    std::lock_guard<std::mutex> lock(mu_);
+  void DescribeNode(v1::NodeInfo* node) const override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     node->set_nvml_available(initialized_);
     node->set_nvml_error(error_);
     node->set_driver_version(driver_version_);
     node->set_gpu_count(gpu_count_);
   }
 
-  std::string NvmlVersion() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::string NvmlVersion() const override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     return nvml_version_;
   }
 
  private:
-  void Open() {
+  void Open() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     handle_ = dlopen(options_.nvml_library.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle_ == nullptr) {
       const char* why = dlerror();
@@ -272,13 +277,13 @@ class NvmlGpuSource : public GpuSource {
     return std::string(text, strnlen(text, sizeof(text)));
   }
 
-  void Close() {
+  void Close() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     dlclose(handle_);
     handle_ = nullptr;
     api_ = NvmlApi();
   }
 
-  std::string ErrorString(nvml::Return rc) const {
+  std::string ErrorString(nvml::Return rc) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const char* text = api_.error_string != nullptr ? api_.error_string(rc) : nullptr;
     if (text == nullptr) return absl::StrCat("NVML error ", rc);
     return absl::StrCat(text, " (", rc, ")");
@@ -313,7 +318,7 @@ class NvmlGpuSource : public GpuSource {
 
   // True when the call succeeded; otherwise records why `metric` is unavailable.
   bool Check(nvml::Return rc, const char* what, unsigned int index, DeviceState* state,
-             v1::GpuSample* s, const char* metric) {
+             v1::GpuSample* s, const char* metric) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (rc == nvml::kSuccess) return true;
     Unavailable(index, state, s, metric, ReasonOf(rc), absl::StrCat(what, ": ", ErrorString(rc)));
     return false;
@@ -330,7 +335,7 @@ class NvmlGpuSource : public GpuSource {
   }
 
   v1::GpuSample SampleDevice(unsigned int index, nvml::Device device, int64_t now_unix_nanos,
-                             DeviceState* state) {
+                             DeviceState* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     v1::GpuSample s;
     s.set_index(static_cast<int32_t>(index));
     s.set_sampled_unix_nanos(now_unix_nanos);
@@ -430,7 +435,7 @@ class NvmlGpuSource : public GpuSource {
 
   // nvmlDeviceGetTemperatureV first (NVML 13 deprecates the older call), then the older call.
   void SampleTemperature(unsigned int index, nvml::Device device, DeviceState* state,
-                         v1::GpuSample* s) {
+                         v1::GpuSample* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     nvml::Return rc = nvml::kErrorFunctionNotFound;
     std::string detail = "the library exports neither nvmlDeviceGetTemperatureV nor ...Temperature";
     if (api_.device_get_temperature_v != nullptr) {
@@ -458,7 +463,7 @@ class NvmlGpuSource : public GpuSource {
 
   // NVLink counters are cumulative KiB; scopeId UINT_MAX sums them over all links.
   void SampleNvlink(unsigned int index, nvml::Device device, int64_t now_unix_nanos,
-                    DeviceState* state, v1::GpuSample* s) {
+                    DeviceState* state, v1::GpuSample* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!Exported(api_.device_get_field_values, "nvmlDeviceGetFieldValues", index, state, s,
                   "nvlink")) {
       return;
@@ -504,7 +509,7 @@ class NvmlGpuSource : public GpuSource {
   // are larger than expected cannot write past it; the stride used to read it is the entry size
   // this entry point writes on this driver.
   void SampleProcesses(unsigned int index, nvml::Device device, DeviceState* state,
-                       v1::GpuSample* s) {
+                       v1::GpuSample* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     while (next_process_entry_point_ < process_entry_points_.size()) {
       const ProcessEntryPoint& ep = process_entry_points_[next_process_entry_point_];
       unsigned int capacity = kInitialProcessEntries;
@@ -538,13 +543,14 @@ class NvmlGpuSource : public GpuSource {
   }
 
   void GpmUnavailable(unsigned int index, DeviceState* state, v1::GpuSample* s,
-                      const std::string& reason, const std::string& detail) {
+                      const std::string& reason, const std::string& detail)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const char* metric : kGpmMetrics) Unavailable(index, state, s, metric, reason, detail);
   }
 
   // GPM metrics are computed between two samples taken at least kGpmMinIntervalNanos apart.
   void SampleGpm(unsigned int index, nvml::Device device, bool mig, DeviceState* state,
-                 v1::GpuSample* s) {
+                 v1::GpuSample* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (api_.gpm_query_device_support == nullptr || api_.gpm_sample_alloc == nullptr ||
         api_.gpm_sample_free == nullptr || api_.gpm_sample_get == nullptr ||
         api_.gpm_metrics_get == nullptr) {
@@ -629,18 +635,19 @@ class NvmlGpuSource : public GpuSource {
   }
 
   const GpuSourceOptions options_;
-  mutable std::mutex mu_;
-  void* handle_ = nullptr;
-  NvmlApi api_;
-  bool initialized_ = false;
-  std::string error_;
-  std::string driver_version_;
-  std::string nvml_version_;
-  int gpu_count_ = 0;
+  // NVML is not promised to be thread-safe: every call into it, and all state below, is under mu_.
+  mutable absl::Mutex mu_;
+  void* handle_ ABSL_GUARDED_BY(mu_) = nullptr;
+  NvmlApi api_ ABSL_GUARDED_BY(mu_);
+  bool initialized_ ABSL_GUARDED_BY(mu_) = false;
+  std::string error_ ABSL_GUARDED_BY(mu_);
+  std::string driver_version_ ABSL_GUARDED_BY(mu_);
+  std::string nvml_version_ ABSL_GUARDED_BY(mu_);
+  int gpu_count_ ABSL_GUARDED_BY(mu_) = 0;
   // In preference order; entries before next_process_entry_point_ proved not implemented.
-  std::vector<ProcessEntryPoint> process_entry_points_;
-  size_t next_process_entry_point_ = 0;
-  std::vector<DeviceState> devices_;
+  std::vector<ProcessEntryPoint> process_entry_points_ ABSL_GUARDED_BY(mu_);
+  size_t next_process_entry_point_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<DeviceState> devices_ ABSL_GUARDED_BY(mu_);
   LogRateLimiter log_limiter_{5, std::chrono::minutes(1)};
 };
 

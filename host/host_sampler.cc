@@ -1,11 +1,12 @@
 #include "host/host_sampler.h"
 
 #include <chrono>
-#include <mutex>
 #include <optional>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/file.h"
 #include "common/log.h"
 #include "host/memory_bandwidth.h"
@@ -20,8 +21,8 @@ class ProcHostSampler : public HostSampler {
                   std::unique_ptr<MemoryTrafficCounter> memory_traffic)
       : root_(options.root), memory_traffic_(std::move(memory_traffic)) {}
 
-  absl::StatusOr<v1::HostSample> Sample(int64_t now_unix_nanos) override {
-    std::lock_guard<std::mutex> lock(mu_);
+  absl::StatusOr<v1::HostSample> Sample(int64_t now_unix_nanos) override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     v1::HostSample sample;
     sample.set_sampled_unix_nanos(now_unix_nanos);
 
@@ -73,7 +74,8 @@ class ProcHostSampler : public HostSampler {
     return parsed;
   }
 
-  void SampleMemoryBandwidth(int64_t now_unix_nanos, v1::HostSample* sample) {
+  void SampleMemoryBandwidth(int64_t now_unix_nanos, v1::HostSample* sample)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (memory_traffic_ == nullptr) return;
     sample->set_memory_bandwidth_source(memory_traffic_->source());
     absl::StatusOr<MemoryTraffic> traffic = memory_traffic_->Read();
@@ -102,11 +104,13 @@ class ProcHostSampler : public HostSampler {
   }
 
   const std::string root_;
-  std::mutex mu_;
-  std::unique_ptr<MemoryTrafficCounter> memory_traffic_;
-  std::optional<CpuTimes> prev_cpu_;
-  std::optional<MemoryTraffic> prev_traffic_;
-  int64_t prev_traffic_time_ = 0;
+  absl::Mutex mu_;
+  // Read() keeps state between calls: used under mu_ only.
+  const std::unique_ptr<MemoryTrafficCounter> memory_traffic_ ABSL_PT_GUARDED_BY(mu_);
+  std::optional<CpuTimes> prev_cpu_ ABSL_GUARDED_BY(mu_);
+  std::optional<MemoryTraffic> prev_traffic_ ABSL_GUARDED_BY(mu_);
+  int64_t prev_traffic_time_ ABSL_GUARDED_BY(mu_) = 0;
+  // Thread-safe on its own.
   LogRateLimiter log_limiter_{5, std::chrono::minutes(1)};
 };
 

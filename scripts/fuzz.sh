@@ -5,7 +5,9 @@
 # the input that caused it is kept under build-fuzz/artifacts/<target>/.
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET]   (default 20)
 # Environment: STEPWATCH_JOBS (build parallelism, default: number of CPUs),
-#              STEPWATCH_FUZZ_TARGETS (space-separated subset of the targets below).
+#              STEPWATCH_FUZZ_TARGETS (space-separated subset of the targets below),
+#              STEPWATCH_FUZZ_BUILD_DIR (a clang build dir already configured with STEPWATCH_FUZZ=ON,
+#                used as it is instead of build-fuzz: scripts/test.sh passes its sanitizer build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 per_target="${1:-20}"
@@ -13,15 +15,22 @@ jobs="${STEPWATCH_JOBS:-$(nproc)}"
 all_targets=(fuzz_step_event fuzz_json fuzz_collector_apply fuzz_report_file fuzz_scaling_history
   fuzz_scenario)
 read -r -a targets <<<"${STEPWATCH_FUZZ_TARGETS:-${all_targets[*]}}"
-build="build-fuzz"
+build="${STEPWATCH_FUZZ_BUILD_DIR:-build-fuzz}"
 
 launcher=()
 if command -v ccache >/dev/null 2>&1; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 fi
 echo "fuzz: building ${targets[*]} in $build"
-CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEPWATCH_FUZZ=ON \
-  -DSTEPWATCH_BUILD_TESTS=OFF -DSTEPWATCH_BUILD_BENCHMARKS=OFF "${launcher[@]}" >/dev/null
+if [ -n "${STEPWATCH_FUZZ_BUILD_DIR:-}" ]; then
+  if ! grep -q '^STEPWATCH_FUZZ:BOOL=ON$' "$build/CMakeCache.txt" 2>/dev/null; then
+    echo "fuzz: $build is not configured with -DSTEPWATCH_FUZZ=ON" >&2
+    exit 2
+  fi
+else
+  CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTEPWATCH_FUZZ=ON \
+    -DSTEPWATCH_BUILD_TESTS=OFF -DSTEPWATCH_BUILD_BENCHMARKS=OFF "${launcher[@]}" >/dev/null
+fi
 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 
 work="$(mktemp -d /tmp/stepwatch-fuzz.XXXXXX)"

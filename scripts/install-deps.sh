@@ -17,7 +17,8 @@ test_pkgs=(
   python3-pip python3-setuptools
   python3-yaml shellcheck
   openssl faketime socat
-  # scripts/fuzz.sh: clang and its runtimes (libclang_rt.fuzzer, ASan, UBSan).
+  # The clang pass of scripts/test.sh and scripts/fuzz.sh: clang and its runtimes
+  # (libclang_rt.fuzzer, ASan, UBSan).
   clang libclang-rt-14-dev
 )
 # kubectl checks the Kubernetes manifests offline; keep one that is already installed (some

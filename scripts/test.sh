@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds with warnings as errors and runs every test under ctest (unit,
-# integration with real processes, promtool, Prometheus/Alertmanager end to end, PyTorch DDP); then
-# builds again with AddressSanitizer + UndefinedBehaviorSanitizer and reruns the tests that exercise
-# C++ code; then runs every libFuzzer target (fuzz/) for a bounded time under ASan + UBSan.
+# Installs what is missing, builds with GCC and warnings as errors and runs every test under ctest
+# (unit, integration with real processes, promtool, Prometheus/Alertmanager end to end, PyTorch
+# DDP); then builds again with clang, AddressSanitizer + UndefinedBehaviorSanitizer and
+# -Wthread-safety (the ABSL_GUARDED_BY annotations, as errors) and reruns the tests that exercise
+# C++ code; then runs every libFuzzer target (fuzz/), built by that same clang pass, for a bounded
+# time under ASan + UBSan.
 # Usage: scripts/test.sh
 # Environment:
-#   STEPWATCH_SKIP_SANITIZE=1   skip the sanitizer pass (quicker local runs)
+#   STEPWATCH_SKIP_SANITIZE=1   skip the clang sanitizer pass (quicker local runs; the fuzz pass
+#                               then builds its own targets in build-fuzz)
 #   STEPWATCH_SKIP_FUZZ=1       skip the fuzzing pass
 #   STEPWATCH_FUZZ_SECONDS=N    seconds per fuzz target (default 15; six targets)
 #   STEPWATCH_TEST_JOBS=N       tests run in parallel (default 2)
@@ -23,18 +26,26 @@ STEPWATCH_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-test -DSTEPWATCH_WERR
 (cd build-test && ctest --output-on-failure -j "$jobs" --timeout 600)
 
 if [ "${STEPWATCH_SKIP_SANITIZE:-0}" != "1" ]; then
-  echo "=== build with ASan + UBSan; C++ and integration tests ==="
-  STEPWATCH_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-sanitize -DSTEPWATCH_WERROR=ON \
-    -DSTEPWATCH_SANITIZE=ON -DSTEPWATCH_BUILD_BENCHMARKS=OFF "${line_tables[@]}"
+  echo "=== clang build with ASan + UBSan and -Wthread-safety; C++ and integration tests ==="
+  # Debian's gRPC, protobuf and Abseil are built with GCC; clang links against them (libstdc++).
+  # STEPWATCH_FUZZ adds coverage instrumentation (the tests run with it too) and the fuzz targets,
+  # so that the fuzz pass below needs no build of its own.
+  STEPWATCH_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-clang -DCMAKE_C_COMPILER=clang \
+    -DCMAKE_CXX_COMPILER=clang++ -DSTEPWATCH_WERROR=ON -DSTEPWATCH_SANITIZE=ON -DSTEPWATCH_FUZZ=ON \
+    -DSTEPWATCH_BUILD_BENCHMARKS=OFF "${line_tables[@]}"
   # Python-only and static checks gain nothing from sanitizers; they ran above. The network and
   # process fault tests are timing-bound (a 60 s partition) and exercise no C++ path the other
   # integration tests miss.
-  (cd build-sanitize &&
+  (cd build-clang &&
     UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$jobs" --timeout 900 \
       -E '^(python_|deploy_|format_check$|integration_torch_ddp$|integration_faults_)')
 fi
 
 if [ "${STEPWATCH_SKIP_FUZZ:-0}" != "1" ]; then
   echo "=== fuzz targets (clang, libFuzzer + ASan + UBSan), bounded time each ==="
-  scripts/fuzz.sh "${STEPWATCH_FUZZ_SECONDS:-15}"
+  fuzz_build=()
+  if [ "${STEPWATCH_SKIP_SANITIZE:-0}" != "1" ]; then
+    fuzz_build=(env STEPWATCH_FUZZ_BUILD_DIR=build-clang)
+  fi
+  "${fuzz_build[@]}" scripts/fuzz.sh "${STEPWATCH_FUZZ_SECONDS:-15}"
 fi

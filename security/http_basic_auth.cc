@@ -31,12 +31,12 @@ std::optional<BasicCredentials> ParseBasicAuthorization(absl::string_view value)
 }
 
 absl::Status BasicAuthUsers::Load() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return LoadLocked();
 }
 
 bool BasicAuthUsers::Verify(const std::string& user, const std::string& password) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (absl::Status s = LoadLocked(); !s.ok()) {
     uint64_t suppressed = 0;
     if (log_limiter_.Allow(&suppressed)) {

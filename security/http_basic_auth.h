@@ -5,12 +5,13 @@
 #pragma once
 
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "common/log.h"
 
 namespace stepwatch::security {
@@ -30,12 +31,12 @@ class BasicAuthUsers {
 
   // Reads the file. InvalidArgument when it is unreadable, has a line that is not a bcrypt entry,
   // or has no users.
-  absl::Status Load();
+  absl::Status Load() ABSL_LOCKS_EXCLUDED(mu_);
 
   // True when `password` is the user's. Re-reads the file first when it changed (a broken file
   // keeps the previous users). A password that verified once is remembered (per user, until the
   // file changes) and compared in constant time, so bcrypt's cost is paid once, not per scrape.
-  bool Verify(const std::string& user, const std::string& password);
+  bool Verify(const std::string& user, const std::string& password) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct User {
@@ -43,12 +44,12 @@ class BasicAuthUsers {
     std::string verified;
   };
 
-  absl::Status LoadLocked();
+  absl::Status LoadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
-  std::mutex mu_;
-  std::string loaded_text_;
-  std::map<std::string, User> users_;
+  absl::Mutex mu_;
+  std::string loaded_text_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, User> users_ ABSL_GUARDED_BY(mu_);
   LogRateLimiter log_limiter_{1, std::chrono::minutes(1)};
 };
 

@@ -177,7 +177,7 @@ HttpServer::~HttpServer() {
 
 void HttpServer::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mailbox_mu_);
+    absl::MutexLock lock(&mailbox_mu_);
     stopped_ = true;
     mailbox_.clear();
   }
@@ -195,13 +195,13 @@ HttpServerStats HttpServer::stats() const {
   s.refused = refused_.load();
   s.open = open_.load();
   for (size_t i = 0; i < closed_.size(); ++i) s.closed[i] = closed_[i].load();
-  std::lock_guard<std::mutex> lock(responses_mu_);
+  absl::MutexLock lock(&responses_mu_);
   s.responses = responses_;
   return s;
 }
 
 void HttpServer::Post(uint64_t id, HttpResponse response) {
-  std::lock_guard<std::mutex> lock(mailbox_mu_);
+  absl::MutexLock lock(&mailbox_mu_);
   if (stopped_) return;
   mailbox_.emplace_back(id, std::move(response));
   // Under the lock: once Stop() has run, nothing writes to the descriptor it may close.
@@ -408,7 +408,7 @@ void HttpServer::ProcessInput(Connection* c) {
 void HttpServer::DrainMailbox() {
   std::vector<std::pair<uint64_t, HttpResponse>> mail;
   {
-    std::lock_guard<std::mutex> lock(mailbox_mu_);
+    absl::MutexLock lock(&mailbox_mu_);
     mail.swap(mailbox_);
   }
   for (auto& [id, response] : mail) {
@@ -419,7 +419,7 @@ void HttpServer::DrainMailbox() {
 }
 
 void HttpServer::CountResponse(int status) {
-  std::lock_guard<std::mutex> lock(responses_mu_);
+  absl::MutexLock lock(&responses_mu_);
   ++responses_[status];
 }
 

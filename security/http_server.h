@@ -16,14 +16,15 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "security/http_request.h"
 
 namespace stepwatch::security {
@@ -103,17 +104,17 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   // Stops the loop, joins its thread and closes every connection. Idempotent.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mailbox_mu_);
 
   int port() const { return port_; }
-  HttpServerStats stats() const;
+  HttpServerStats stats() const ABSL_LOCKS_EXCLUDED(responses_mu_);
 
  private:
   using Clock = std::chrono::steady_clock;
   struct Connection;
 
   HttpServer(const HttpServerOptions& options, Handler handler);
-  void Post(uint64_t id, HttpResponse response);
+  void Post(uint64_t id, HttpResponse response) ABSL_LOCKS_EXCLUDED(mailbox_mu_);
   void Loop();
   void Accept();
   bool EvictOldestIdle();
@@ -121,11 +122,11 @@ class HttpServer {
   void ProcessInput(Connection* c);
   void StartResponse(Connection* c, HttpResponse response);
   void OnWritable(Connection* c);
-  void DrainMailbox();
+  void DrainMailbox() ABSL_LOCKS_EXCLUDED(mailbox_mu_);
   void Sweep(Clock::time_point now);
   void SetEvents(Connection* c, uint32_t events);
   void Close(Connection* c, CloseReason reason);
-  void CountResponse(int status);
+  void CountResponse(int status) ABSL_LOCKS_EXCLUDED(responses_mu_);
 
   friend class HttpResponder;
 
@@ -140,9 +141,9 @@ class HttpServer {
   uint64_t next_id_ = 16;  // ids below are the listener's and the wake-up's
   std::unordered_map<uint64_t, std::unique_ptr<Connection>> connections_;
 
-  std::mutex mailbox_mu_;
-  std::vector<std::pair<uint64_t, HttpResponse>> mailbox_;
-  bool stopped_ = false;  // guarded by mailbox_mu_
+  absl::Mutex mailbox_mu_;
+  std::vector<std::pair<uint64_t, HttpResponse>> mailbox_ ABSL_GUARDED_BY(mailbox_mu_);
+  bool stopped_ ABSL_GUARDED_BY(mailbox_mu_) = false;
 
   std::atomic<bool> stop_{false};
   std::thread thread_;
@@ -151,8 +152,8 @@ class HttpServer {
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> open_{0};
   std::array<std::atomic<uint64_t>, static_cast<size_t>(CloseReason::kCount)> closed_{};
-  mutable std::mutex responses_mu_;
-  std::map<int, uint64_t> responses_;
+  mutable absl::Mutex responses_mu_;
+  std::map<int, uint64_t> responses_ ABSL_GUARDED_BY(responses_mu_);
 };
 
 }  // namespace stepwatch::security

@@ -13,33 +13,31 @@ MetricsRenderer::MetricsRenderer(CollectFn collect)
 
 MetricsRenderer::~MetricsRenderer() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
   thread_.join();
 }
 
 void MetricsRenderer::Request(Done done) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.push_back(std::move(done));
-  }
-  cv_.notify_one();
+  absl::MutexLock lock(&mu_);
+  pending_.push_back(std::move(done));
 }
 
 MetricsRenderer::Stats MetricsRenderer::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return stats_;
 }
+
+bool MetricsRenderer::StoppingOrPending() const { return stop_ || !pending_.empty(); }
 
 void MetricsRenderer::Run() {
   while (true) {
     std::vector<Done> batch;
     Stats stats;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !pending_.empty(); });
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &MetricsRenderer::StoppingOrPending));
       if (stop_) return;
       // Everyone waiting now gets this render; later arrivals wait for the next one, so that no
       // request is answered with data collected before it arrived.
@@ -55,7 +53,7 @@ void MetricsRenderer::Run() {
       body = absl::InternalError(absl::StrCat("rendering /metrics failed: ", e.what()));
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       ++stats_.renders;
       stats_.last_render_seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -3,16 +3,16 @@
 // scrapers there are, at most one render runs and about two bodies exist at a time.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "prometheus/metric_family.h"
 
 namespace stepwatch::security {
@@ -35,19 +35,19 @@ class MetricsRenderer {
   MetricsRenderer(const MetricsRenderer&) = delete;
   MetricsRenderer& operator=(const MetricsRenderer&) = delete;
 
-  void Request(Done done);
+  void Request(Done done) ABSL_LOCKS_EXCLUDED(mu_);
 
-  Stats stats() const;
+  Stats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Run();
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  bool StoppingOrPending() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CollectFn collect_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Done> pending_;
-  bool stop_ = false;
-  Stats stats_;
+  mutable absl::Mutex mu_;
+  std::vector<Done> pending_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  Stats stats_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -10,30 +10,29 @@ WorkerPool::WorkerPool(int threads, size_t max_queued) : max_queued_(max_queued)
 
 WorkerPool::~WorkerPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
     queue_.clear();
   }
-  cv_.notify_all();
   for (std::thread& t : threads_) t.join();
 }
 
 bool WorkerPool::TrySubmit(std::function<void()> task) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stop_ || queue_.size() >= max_queued_) return false;
-    queue_.push_back(std::move(task));
-  }
-  cv_.notify_one();
+  absl::MutexLock lock(&mu_);
+  if (stop_ || queue_.size() >= max_queued_) return false;
+  queue_.push_back(std::move(task));
   return true;
 }
+
+bool WorkerPool::StoppingOrQueued() const { return stop_ || !queue_.empty(); }
 
 void WorkerPool::Run() {
   while (true) {
     std::function<void()> task;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      absl::MutexLock lock(&mu_);
+      // Await re-evaluates the condition whenever mu_ is released: no notify calls to forget.
+      mu_.Await(absl::Condition(this, &WorkerPool::StoppingOrQueued));
       if (stop_) return;
       task = std::move(queue_.front());
       queue_.pop_front();

@@ -2,13 +2,14 @@
 // verification). The queue is bounded so that a flood of requests costs memory only up to a cap.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace stepwatch::security {
 
@@ -21,16 +22,16 @@ class WorkerPool {
   WorkerPool& operator=(const WorkerPool&) = delete;
 
   // False (and `task` is not run) when max_queued tasks are already waiting.
-  bool TrySubmit(std::function<void()> task);
+  bool TrySubmit(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Run();
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  bool StoppingOrQueued() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t max_queued_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stop_ = false;
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 

@@ -16,6 +16,7 @@
 #include "common/file.h"
 #include "common/json.h"
 #include "common/log.h"
+#include "common/step_event_rules.h"
 
 namespace stepwatch::sim {
 namespace {
@@ -29,30 +30,32 @@ void AppendField(std::string* out, const char* name, int64_t value) {
 
 }  // namespace
 
-std::string EncodeStepEvent(const analysis::StepSample& s) {
-  std::string out = "{\"job\":";
+std::string EncodeStepEvent(const analysis::StepEvent& s) {
+  // The datagram's own keys (step_s, not step_seconds), from the rules.
+  auto key = [](step_event::FieldId id) { return step_event::kFieldRules[id].name; };
+  std::string out = absl::StrCat("{\"", key(step_event::kJob), "\":");
   json::AppendQuoted(s.job, &out);
-  AppendField(&out, "rank", int64_t{s.rank});
-  AppendField(&out, "world_size", int64_t{s.world_size});
-  AppendField(&out, "step", s.step);
-  AppendField(&out, "step_s", s.step_s);
-  if (s.data_s) AppendField(&out, "data_s", *s.data_s);
-  if (s.compute_s) AppendField(&out, "compute_s", *s.compute_s);
-  if (s.comm_s) AppendField(&out, "comm_s", *s.comm_s);
-  if (s.samples) AppendField(&out, "samples", *s.samples);
-  if (s.local_rank) AppendField(&out, "local_rank", int64_t{*s.local_rank});
-  if (s.gpu) AppendField(&out, "gpu", int64_t{*s.gpu});
-  if (s.dp_rank) AppendField(&out, "dp_rank", int64_t{*s.dp_rank});
-  if (s.pp_stage) AppendField(&out, "pp_stage", int64_t{*s.pp_stage});
-  if (s.tp_rank) AppendField(&out, "tp_rank", int64_t{*s.tp_rank});
+  AppendField(&out, key(step_event::kRank), int64_t{s.rank});
+  AppendField(&out, key(step_event::kWorldSize), int64_t{s.world_size});
+  AppendField(&out, key(step_event::kStep), s.step);
+  AppendField(&out, key(step_event::kStepS), s.step_seconds);
+  if (s.data_seconds) AppendField(&out, key(step_event::kDataS), *s.data_seconds);
+  if (s.compute_seconds) AppendField(&out, key(step_event::kComputeS), *s.compute_seconds);
+  if (s.comm_seconds) AppendField(&out, key(step_event::kCommS), *s.comm_seconds);
+  if (s.samples) AppendField(&out, key(step_event::kSamples), *s.samples);
+  if (s.local_rank) AppendField(&out, key(step_event::kLocalRank), int64_t{*s.local_rank});
+  if (s.gpu) AppendField(&out, key(step_event::kGpu), int64_t{*s.gpu});
+  if (s.dp_rank) AppendField(&out, key(step_event::kDpRank), int64_t{*s.dp_rank});
+  if (s.pp_stage) AppendField(&out, key(step_event::kPpStage), int64_t{*s.pp_stage});
+  if (s.tp_rank) AppendField(&out, key(step_event::kTpRank), int64_t{*s.tp_rank});
   out.push_back('}');
   return out;
 }
 
-std::string EncodeFakeNvmlState(const std::vector<analysis::GpuReading>& gpus) {
+std::string EncodeFakeNvmlState(const std::vector<analysis::GpuSample>& gpus) {
   std::string out = "{\"driver_version\":\"sim\",\"gpus\":[";
   for (size_t i = 0; i < gpus.size(); ++i) {
-    const analysis::GpuReading& g = gpus[i];
+    const analysis::GpuSample& g = gpus[i];
     if (i > 0) out.push_back(',');
     absl::StrAppend(&out, "{\"name\":\"Simulated GPU\",\"uuid\":\"GPU-sim-", g.node, "-", g.index,
                     "\"");
@@ -125,9 +128,9 @@ void Driver::Send(const std::string& node, const std::string& payload) {
 }
 
 absl::Status Driver::WriteGpuState(const Tick& tick) {
-  for (const analysis::GpuReading& g : tick.gpus) gpu_state_[g.node][g.index] = g;
+  for (const analysis::GpuSample& g : tick.gpus) gpu_state_[g.node][g.index] = g;
   for (const auto& [node, by_index] : gpu_state_) {
-    std::vector<analysis::GpuReading> gpus;
+    std::vector<analysis::GpuSample> gpus;
     for (const auto& [index, reading] : by_index) gpus.push_back(reading);
     std::string path = absl::StrCat(options_.nvml_state_dir, "/", node, "-nvml.json");
     if (absl::Status s = WriteFileAtomically(path, EncodeFakeNvmlState(gpus)); !s.ok()) return s;
@@ -157,7 +160,7 @@ absl::Status Driver::Run() {
           due - std::chrono::steady_clock::now(), std::chrono::milliseconds(100)));
     }
     if (stop_.load()) break;
-    for (const analysis::StepSample& sample : tick.samples) {
+    for (const analysis::StepEvent& sample : tick.samples) {
       Send(sample.node, EncodeStepEvent(sample));
     }
     if (!tick.gpus.empty() && !options_.nvml_state_dir.empty()) {

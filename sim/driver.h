@@ -33,11 +33,12 @@ struct DriverStats {
   int64_t gpu_state_writes = 0;
 };
 
-// Encodes one sample as the step-event datagram (DESIGN.md, "Step event datagram, v1").
-std::string EncodeStepEvent(const analysis::StepSample& sample);
+// Encodes one sample as the step-event datagram (docs/step-event.md). A sample that breaks the
+// rules is encoded as it is: the agent refuses it, as it would a real client's.
+std::string EncodeStepEvent(const analysis::StepEvent& sample);
 
 // Encodes one node's GPU readings as a fake NVML state document (docs/fake-nvml.md).
-std::string EncodeFakeNvmlState(const std::vector<analysis::GpuReading>& gpus);
+std::string EncodeFakeNvmlState(const std::vector<analysis::GpuSample>& gpus);
 
 class Driver {
  public:
@@ -63,7 +64,7 @@ class Driver {
   std::atomic<bool> stop_{false};
   DriverStats stats_;
   // Latest readings per node and GPU index, so each state file always lists every GPU.
-  std::map<std::string, std::map<int, analysis::GpuReading>> gpu_state_;
+  std::map<std::string, std::map<int, analysis::GpuSample>> gpu_state_;
 };
 
 }  // namespace stepwatch::sim

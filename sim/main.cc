@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
 
   SW_LOG_INFO << "playing scenario \"" << scenario->name << "\" as job " << scenario->job << ": "
               << scenario->nodes << " nodes x " << scenario->gpus_per_node << " GPUs, "
-              << scenario->steps << " steps of ~" << scenario->step_s << " s, speed "
+              << scenario->steps << " steps of ~" << scenario->step_seconds << " s, speed "
               << options.speed;
   stepwatch::sim::Driver driver(*scenario, options);
   std::thread signal_thread([&driver, stop_signals] {

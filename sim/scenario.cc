@@ -94,7 +94,7 @@ absl::StatusOr<Scenario> ParseScenario(absl::string_view text) {
   SW_SIM_CHECK(GetSmallInt(root, w, "nodes", 1, 4096, &sc.nodes));
   SW_SIM_CHECK(GetSmallInt(root, w, "gpus_per_node", 1, 64, &sc.gpus_per_node));
   SW_SIM_CHECK(GetInt(root, w, "steps", 1, 100'000'000, &sc.steps));
-  SW_SIM_CHECK(GetDouble(root, w, "step_s", 1e-4, 3600, &sc.step_s));
+  SW_SIM_CHECK(GetDouble(root, w, "step_s", 1e-4, 3600, &sc.step_seconds));
   SW_SIM_CHECK(GetDouble(root, w, "noise_cv", 0, 0.5, &sc.noise_cv));
   SW_SIM_CHECK(GetDouble(root, w, "compute_fraction", 0.01, 1, &sc.compute_fraction));
   SW_SIM_CHECK(GetDouble(root, w, "data_fraction", 0, 0.99, &sc.data_fraction));
@@ -128,9 +128,9 @@ absl::StatusOr<Scenario> ParseScenario(absl::string_view text) {
     for (const Value& p : phases->as_array()) {
       if (!p.is_object()) return FieldError(w, "phases", "an array of objects");
       Phase ph;
-      ph.step_s = sc.step_s;
+      ph.step_seconds = sc.step_seconds;
       SW_SIM_CHECK(GetInt(p, "phase", "steps", 1, 100'000'000, &ph.steps));
-      SW_SIM_CHECK(GetDouble(p, "phase", "step_s", 1e-4, 3600, &ph.step_s));
+      SW_SIM_CHECK(GetDouble(p, "phase", "step_s", 1e-4, 3600, &ph.step_seconds));
       sc.phases.push_back(ph);
     }
   }
@@ -232,10 +232,10 @@ bool Generator::Active(const Fault& f, int64_t step) const {
 double Generator::BaseStep(int64_t step) const {
   int64_t at = 0;
   for (const Phase& p : sc_.phases) {
-    if (step < at + p.steps) return p.step_s;
+    if (step < at + p.steps) return p.step_seconds;
     at += p.steps;
   }
-  return sc_.step_s;
+  return sc_.step_seconds;
 }
 
 int Generator::Nodes(int64_t step) const {
@@ -311,8 +311,8 @@ bool Generator::Next(Tick* tick) {
   }
   const double comm =
       base * comm_fraction * comm_factor * std::max(0.1, 1 + sc_.noise_cv / 2 * normal(rng_));
-  const double step_s = max_busy + comm;
-  elapsed_s_ += hung ? base : step_s;
+  const double step_seconds = max_busy + comm;
+  elapsed_s_ += hung ? base : step_seconds;
   now_ = kStartUnixNanos + static_cast<int64_t>(elapsed_s_ * 1e9);
   tick->unix_nanos = now_;
 
@@ -324,20 +324,20 @@ bool Generator::Next(Tick* tick) {
   if (!hung) {
     tick->samples.reserve(world);
     for (int r = 0; r < world; ++r) {
-      analysis::StepSample s;
+      analysis::StepEvent s;
       s.job = sc_.job;
       s.rank = r;
       s.world_size = world;
       s.step = k;
       const double busy = compute[r] + data[r];
-      s.step_s = step_s;
-      const double wait = step_s - busy;
+      s.step_seconds = step_seconds;
+      const double wait = step_seconds - busy;
       if (sc_.report == Report::kFull) {
-        s.data_s = data[r];
-        s.compute_s = compute[r];
-        s.comm_s = wait;
+        s.data_seconds = data[r];
+        s.compute_seconds = compute[r];
+        s.comm_seconds = wait;
       } else if (sc_.report == Report::kStepComm) {
-        s.comm_s = wait;
+        s.comm_seconds = wait;
       }
       if (sc_.samples_per_rank > 0) s.samples = sc_.samples_per_rank;
       s.local_rank = r % sc_.gpus_per_node;
@@ -359,7 +359,7 @@ bool Generator::Next(Tick* tick) {
     for (int n = 0; n < nodes; ++n) {
       const std::string& node = NodeName(n);
       for (int g = 0; g < sc_.gpus_per_node + sc_.idle_gpus_per_node; ++g) {
-        analysis::GpuReading x;
+        analysis::GpuSample x;
         x.node = node;
         x.index = g;
         x.sampled_unix_nanos = now_;
@@ -377,7 +377,7 @@ bool Generator::Next(Tick* tick) {
         const int r = n * sc_.gpus_per_node + g;
         // NVML utilization counts any running kernel, communication included: only the data wait
         // leaves the GPU idle (or a hang, where the collective spins).
-        double util = hung ? 1.0 : 1 - data[r] / step_s;
+        double util = hung ? 1.0 : 1 - data[r] / step_seconds;
         util = util * gpu_util[r] * (1 + 0.01 * normal(rng_));
         x.utilization_ratio = std::clamp(util, 0.0, 1.0);
         x.sm_clock_mhz = clock[r];
@@ -387,12 +387,12 @@ bool Generator::Next(Tick* tick) {
         x.pids = {static_cast<uint32_t>(10000 + r)};
         if (sc_.sm_activity) {
           // SM activity counts compute only: waiting for data or for the collective is not.
-          const double sm = hung ? 0.0 : compute[r] / step_s * gpu_util[r];
+          const double sm = hung ? 0.0 : compute[r] / step_seconds * gpu_util[r];
           x.sm_activity_ratio = std::clamp(sm * (1 + 0.01 * normal(rng_)), 0.0, 1.0);
         }
         tick->gpus.push_back(std::move(x));
       }
-      analysis::HostReading h;
+      analysis::HostSample h;
       h.node = node;
       h.sampled_unix_nanos = now_;
       h.cpu_count = 96;

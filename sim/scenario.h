@@ -7,9 +7,9 @@
 // {
 //   "name": "slow-rank-10pct", "job": "bert", "seed": 7,
 //   "nodes": 4, "gpus_per_node": 8, "steps": 2000, "step_s": 0.5, "noise_cv": 0.03,
-//   "compute_fraction": 0.7, "data_fraction": 0.05,        // of step_s; the rest is communication
-//   "report": "full" | "step_comm" | "step_only",           // which fields ranks send
-//   "samples_per_rank": 32, "gpu_interval_s": 1.0, "pp_stages": 1, "idle_gpus_per_node": 0,
+//   "compute_fraction": 0.7, "data_fraction": 0.05,        // of step_seconds; the rest is
+//   communication "report": "full" | "step_comm" | "step_only",           // which fields ranks
+//   send "samples_per_rank": 32, "gpu_interval_s": 1.0, "pp_stages": 1, "idle_gpus_per_node": 0,
 //   "sm_activity": false,                                   // GPUs also report SM activity
 //   "phases": [{"steps": 100, "step_s": 0.8}],              // step_s per phase; then "step_s"
 //   "faults": [{"kind": "slow_rank", "onset": 500, "end": 1500, "rank": 3, "factor": 1.1}]
@@ -39,7 +39,7 @@ enum class Report { kFull, kStepComm, kStepOnly };
 
 struct Phase {
   int64_t steps = 0;
-  double step_s = 0;
+  double step_seconds = 0;
 };
 
 struct Fault {
@@ -61,7 +61,7 @@ struct Scenario {
   int nodes = 2;
   int gpus_per_node = 8;
   int64_t steps = 1000;
-  double step_s = 0.5;
+  double step_seconds = 0.5;
   double noise_cv = 0.02;
   double compute_fraction = 0.7;
   double data_fraction = 0.05;
@@ -98,9 +98,9 @@ struct Tick {
   int64_t step = 0;
   int64_t unix_nanos = 0;  // when the step ended
   int world_size = 0;
-  std::vector<analysis::StepSample> samples;  // empty while hung
-  std::vector<analysis::GpuReading> gpus;     // when a GPU sampling interval ended in this step
-  std::vector<analysis::HostReading> hosts;
+  std::vector<analysis::StepEvent> samples;  // empty while hung
+  std::vector<analysis::GpuSample> gpus;     // when a GPU sampling interval ended in this step
+  std::vector<analysis::HostSample> hosts;
 };
 
 // Node names are "node-<i>"; rank = node * gpus_per_node + local_rank, on GPU index local_rank;

@@ -93,6 +93,8 @@ void EpisodeTracker::Observe(const std::vector<analysis::Finding>& findings, int
     e.start_step = step;
     e.start_unix_nanos = unix_nanos;
     e.summary = f.summary;
+    e.cause = f.cause;
+    e.evidence = f.evidence;
     still[key] = episodes_.size();
     episodes_.push_back(std::move(e));
   }

@@ -24,7 +24,10 @@ struct Episode {
   int64_t start_unix_nanos = 0;
   int64_t end_step = -1;  // -1: still active at the end
   std::string summary;    // as first reported
-  int truth = -1;         // index of the matched truth, -1: false positive
+  // Its cause and evidence as first reported.
+  analysis::Cause cause = analysis::Cause::kUnknown;
+  analysis::Evidence evidence;
+  int truth = -1;  // index of the matched truth, -1: false positive
 };
 
 // Follows Engine::Findings() over time and cuts it into episodes.

@@ -12,8 +12,8 @@
 
 namespace stepwatch::sim {
 
-absl::StatusOr<std::vector<analysis::StepSample>> LoadPaiReplay(const std::string& csv_path,
-                                                                const std::string& job) {
+absl::StatusOr<std::vector<analysis::StepEvent>> LoadPaiReplay(const std::string& csv_path,
+                                                               const std::string& job) {
   std::ifstream in(csv_path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", csv_path));
   std::string line;
@@ -46,19 +46,19 @@ absl::StatusOr<std::vector<analysis::StepSample>> LoadPaiReplay(const std::strin
     max_worker = std::max(max_worker, row.worker);
     by_step[row.time / 10].emplace(row.worker, row);  // the first row of a (worker, step) wins
   }
-  std::vector<analysis::StepSample> out;
+  std::vector<analysis::StepEvent> out;
   for (const auto& [step, rows] : by_step) {
     double step_ms = 0;
     for (const auto& [w, row] : rows) step_ms = std::max(step_ms, row.busy_ms);
     for (const auto& [w, row] : rows) {
-      analysis::StepSample s;
+      analysis::StepEvent s;
       s.job = job;
       s.rank = w;
       s.world_size = max_worker + 1;
       s.step = step;
-      s.step_s = step_ms / 1000;
-      s.compute_s = row.busy_ms / 1000;
-      s.comm_s = (step_ms - row.busy_ms) / 1000;
+      s.step_seconds = step_ms / 1000;
+      s.compute_seconds = row.busy_ms / 1000;
+      s.comm_seconds = (step_ms - row.busy_ms) / 1000;
       s.node = absl::StrCat("pai-worker-", w);
       s.received_unix_nanos = Generator::kStartUnixNanos + row.time * 1'000'000'000LL;
       out.push_back(std::move(s));
@@ -67,7 +67,7 @@ absl::StatusOr<std::vector<analysis::StepSample>> LoadPaiReplay(const std::strin
   return out;
 }
 
-ReplayResult RunReplay(const std::vector<analysis::StepSample>& samples,
+ReplayResult RunReplay(const std::vector<analysis::StepEvent>& samples,
                        const analysis::EngineOptions& options) {
   ReplayResult result;
   analysis::Engine engine(options);

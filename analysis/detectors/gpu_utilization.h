@@ -30,7 +30,8 @@ class GpuUtilizationDetector : public Detector {
                    std::vector<Finding>* out) const override;
 
  private:
-  static void Attribute(const EngineView& view, const GpuInfo& g, Finding* f);
+  static Cause Attribute(const EngineView& view, const GpuInfo& g, Evidence* e,
+                         DeviceEvidence* dev);
 };
 
 }  // namespace stepwatch::analysis

@@ -5,9 +5,6 @@
 #include <string>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "analysis/causes.h"
 #include "analysis/finding.h"
 #include "analysis/stats.h"
@@ -82,51 +79,29 @@ void PipelineDetector::Evaluate(const JobView& view, const DetectorState* state,
   const JobRecord& job = view.job;
   Finding f = JobFinding(FindingKind::kPipelineImbalance, job.name, st.since_step, st.since_nanos);
   f.stage = st.stage;
-  f.summary = absl::StrFormat("stage %d takes %.1fx the other stages (busy %s vs %s)", st.stage,
-                              st.ratio, Seconds(st.stage_s), Seconds(st.others_s));
+  f.evidence.stage_vs_median_ratio = st.ratio;
+  f.evidence.stage_busy_seconds = st.stage_s;
+  f.evidence.other_stages_busy_seconds = st.others_s;
+  constexpr size_t kShown = 4;  // nodes and devices kept as evidence
   std::vector<int> ranks;
   std::set<std::string> nodes;
-  std::vector<std::string> texts;
-  std::string device_node;
-  int device_gpu = -1;
   for (int i = 0; i < job.world_size; ++i) {
     const RankInfo& r = job.ranks[i];
     if (!r.present || r.pp_stage != st.stage) continue;
     ranks.push_back(i);
     nodes.insert(r.node);
-    const GpuInfo* g = view.registry.GpuOf(r);
-    Evidence ev = DeviceEvidence(g, view.registry.hosts(), r.node, view.options);
-    if (ev.causes.empty()) continue;
-    if (f.causes.empty()) {
-      device_node = r.node;
-      device_gpu = g != nullptr ? g->last.index : -1;
-    }
-    for (Cause c : ev.causes) AddCause(c, &f.causes);
-    texts.push_back(absl::StrCat("rank ", i, " on ", r.node,
-                                 g != nullptr ? absl::StrCat(" GPU ", g->last.index) : "", ": ",
-                                 absl::StrJoin(ev.texts, ", ")));
+    DeviceEvidence dev;
+    dev.rank = i;
+    const std::vector<Cause> causes =
+        DeviceCauses(view.registry.GpuOf(r), view.registry.hosts(), r.node, view.options, &dev);
+    if (causes.empty()) continue;
+    for (Cause c : causes) AddCause(c, &f.causes);
+    if (f.evidence.devices.size() < kShown) f.evidence.devices.push_back(std::move(dev));
   }
-  constexpr size_t kShown = 4;  // nodes and devices named in the summary
-  if (nodes.size() == 1) {
-    f.node = *nodes.begin();
-    if (!f.node.empty()) absl::StrAppend(&f.summary, " on ", f.node);
-  } else if (!nodes.empty()) {
-    std::vector<std::string> shown(nodes.begin(),
-                                   std::next(nodes.begin(), std::min(nodes.size(), kShown)));
-    absl::StrAppend(
-        &f.summary, "; its ranks run on ", absl::StrJoin(shown, ", "),
-        nodes.size() > kShown ? absl::StrCat(" and ", nodes.size() - kShown, " more") : "");
-  }
-  if (!f.causes.empty()) {
-    texts.resize(std::min(texts.size(), kShown));
-    absl::StrAppend(&f.summary, "; slower devices: ", absl::StrJoin(texts, "; "));
-    f.action = DeviceAction(f.causes[0], device_node, device_gpu);
-  } else {
-    f.causes.push_back(Cause::kMoreWork);
-    absl::StrAppend(&f.summary, "; more work than the other stages");
-    f.action = absl::StrCat("move layers off stage ", st.stage,
-                            " to the other stages (rebalance the pipeline partition)");
-  }
+  if (nodes.size() == 1) f.node = *nodes.begin();
+  f.evidence.node_count = static_cast<int64_t>(nodes.size());
+  f.evidence.nodes.assign(nodes.begin(), std::next(nodes.begin(), std::min(nodes.size(), kShown)));
+  if (f.causes.empty()) f.causes.push_back(Cause::kMoreWork);
   f.cause = f.causes[0];
   f.ranks = BoundedRanks(std::move(ranks), view.options.max_finding_ranks);
   out->push_back(std::move(f));

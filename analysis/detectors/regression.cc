@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "analysis/causes.h"
 #include "analysis/finding.h"
 #include "analysis/stats.h"
@@ -13,8 +11,9 @@ namespace {
 
 // The part of the step split that rose most from before the regression's first step to after it
 // (per-step means): a straggler shows as imbalance, a slower network as exposed communication.
-Cause RegressionCause(const Ring<StepSummary>& summaries, int64_t since_step, std::string* text) {
-  text->clear();
+Cause RegressionCause(const Ring<StepSummary>& summaries, int64_t since_step,
+                      std::optional<double>* rise) {
+  rise->reset();
   struct Parts {
     double n = 0, comm = 0, imbalance = 0, data = 0, compute = 0;
   } before, after;
@@ -32,22 +31,20 @@ Cause RegressionCause(const Ring<StepSummary>& summaries, int64_t since_step, st
   struct Rise {
     double seconds;
     Cause cause;
-    const char* name;
   };
   const Rise rises[] = {
-      {after.comm / after.n - before.comm / before.n, Cause::kExposedComm, "exposed communication"},
-      {after.imbalance / after.n - before.imbalance / before.n, Cause::kImbalance,
-       "waiting for slower ranks"},
-      {after.data / after.n - before.data / before.n, Cause::kDataLoading, "data loading"},
+      {after.comm / after.n - before.comm / before.n, Cause::kExposedComm},
+      {after.imbalance / after.n - before.imbalance / before.n, Cause::kImbalance},
+      {after.data / after.n - before.data / before.n, Cause::kDataLoading},
       // Every rank computing longer: new code or inputs, or slower GPUs; no single cause.
-      {after.compute / after.n - before.compute / before.n, Cause::kUnknown, "compute"},
+      {after.compute / after.n - before.compute / before.n, Cause::kUnknown},
   };
   const Rise* best = nullptr;
   for (const Rise& r : rises) {
     if (r.seconds > 0 && (best == nullptr || r.seconds > best->seconds)) best = &r;
   }
   if (best == nullptr) return Cause::kUnknown;
-  *text = absl::StrCat("; largest rise: ", best->name, " +", Seconds(best->seconds), " per step");
+  *rise = best->seconds;
   return best->cause;
 }
 
@@ -62,7 +59,7 @@ void RegressionDetector::OnStep(const JobView& view, const StepView& step, Detec
   auto& st = *static_cast<RegressionState*>(state);
   const double threshold = view.options.regression_threshold;
   std::pair<int64_t, float> old;
-  if (st.recent.Push({step.step, static_cast<float>(step.step_s)}, &old) && !st.regressed) {
+  if (st.recent.Push({step.step, static_cast<float>(step.step_seconds)}, &old) && !st.regressed) {
     st.reference.Push(old.second);
   }
   if (!st.recent.full() || st.reference.size() < st.recent.capacity()) return;
@@ -98,8 +95,8 @@ void RegressionDetector::OnStep(const JobView& view, const StepView& step, Detec
     }
     st.since_step = st.recent[best].first;
     st.since_nanos = step.nanos;
-    st.cause = RegressionCause(view.job.summaries, st.since_step, &st.cause_text);
-  } else if (recent <= st.baseline * (1 + threshold / 2)) {
+    st.cause = RegressionCause(view.job.summaries, st.since_step, &st.rise_seconds);
+  } else if (recent <= st.baseline * (1 + threshold * view.options.regression_clear_share)) {
     st.regressed = false;
   }
   st.level = recent;
@@ -110,15 +107,11 @@ void RegressionDetector::Evaluate(const JobView& view, const DetectorState* stat
   const auto& st = *static_cast<const RegressionState*>(state);
   if (!st.regressed) return;
   Finding f = JobFinding(FindingKind::kRegression, view.job.name, st.since_step, st.since_nanos);
-  f.summary = absl::StrFormat("step time up %.0f%% since step %d: %s vs %s before",
-                              (st.level / st.baseline - 1) * 100, st.since_step, Seconds(st.level),
-                              Seconds(st.baseline));
+  f.evidence.step_seconds = st.level;
+  f.evidence.baseline_step_seconds = st.baseline;
+  f.evidence.step_vs_baseline_ratio = st.level / st.baseline;
+  f.evidence.rise_seconds = st.rise_seconds;
   SetCause(&f, st.cause);
-  absl::StrAppend(&f.summary, st.cause_text);
-  f.action = JobAction(f.cause);
-  if (f.cause == Cause::kUnknown && !st.cause_text.empty()) {
-    f.action = "compute rose on every rank: look for a change of code, inputs or GPU clocks";
-  }
   out->push_back(std::move(f));
 }
 

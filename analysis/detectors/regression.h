@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,8 +24,9 @@ class RegressionState : public DetectorState {
   double baseline = 0;
   double level = 0;
   // What rose with the step time, fixed when the regression is found.
+  // and by how much per step (unset when the split does not say).
   Cause cause = Cause::kUnknown;
-  std::string cause_text;
+  std::optional<double> rise_seconds;
 };
 
 class RegressionDetector : public Detector {

@@ -16,23 +16,22 @@
 namespace stepwatch::analysis {
 namespace {
 
-// The job's largest loss in its step split: exposed communication, imbalance or data loading.
-Cause JobLoss(const JobRecord& job, std::string* text) {
+// The job's largest loss in its step split: exposed communication, imbalance or data loading,
+// with the split's shares set on `e` (when the split is known).
+Cause JobLoss(const JobRecord& job, Evidence* e) {
   JobSnapshot s;
   FillWindowFigures(job.summaries, &s);
   if (!s.split_known) return Cause::kUnknown;
   const TimeBreakdown& b = s.breakdown;
+  e->comm_share_ratio = b.comm;
+  e->imbalance_share_ratio = b.imbalance;
+  e->data_share_ratio = b.data;
   std::pair<double, Cause> best{0, Cause::kUnknown};
   for (auto loss :
        {std::pair{b.comm, Cause::kExposedComm}, std::pair{b.imbalance, Cause::kImbalance},
         std::pair{b.data, Cause::kDataLoading}}) {
     if (loss.first > best.first) best = loss;
   }
-  if (best.second == Cause::kUnknown) return best.second;
-  const char* name = best.second == Cause::kExposedComm ? "exposed communication"
-                     : best.second == Cause::kImbalance ? "waiting for slower ranks"
-                                                        : "data loading";
-  *text = absl::StrCat("; largest loss: ", name, " ", Percent(best.first), " of the step");
   return best.second;
 }
 
@@ -89,13 +88,10 @@ void ScalingDetector::Evaluate(const JobView& view, const DetectorState* state,
   const JobRecord& job = view.job;
   Finding f = JobFinding(FindingKind::kScalingEfficiency, job.name, st.since_step, st.since_nanos);
   f.persistent = true;
-  f.summary = absl::StrFormat(
-      "scaling efficiency %s at %d GPUs: per-GPU throughput %.2fx the best at %d GPUs",
-      Percent(*st.ratio), job.world_size, *st.ratio, st.reference_size);
-  std::string loss;
-  SetCause(&f, JobLoss(job, &loss));
-  absl::StrAppend(&f.summary, loss);
-  f.action = JobAction(f.cause);
+  f.evidence.scaling_efficiency_ratio = st.ratio;
+  f.evidence.world_size = job.world_size;
+  f.evidence.reference_world_size = st.reference_size;
+  SetCause(&f, JobLoss(job, &f.evidence));
   out->push_back(std::move(f));
 }
 

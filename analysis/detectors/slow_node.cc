@@ -2,11 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <set>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "analysis/causes.h"
 #include "analysis/detectors/straggler.h"
 #include "analysis/finding.h"
@@ -43,12 +39,14 @@ void SlowNodeDetector::OnStep(const JobView& view, const StepView& step, Detecto
   for (const auto& [node, c] : counts) {
     auto it = st.nodes.find(node);
     if (it == st.nodes.end()) {
-      if (c.present >= 2 && c.flagged == c.present && 2 * c.present < job.present_ranks) {
+      // A node holding half the job or more is the job, not one slow node.
+      if (c.present >= view.options.slow_node_min_ranks && c.flagged == c.present &&
+          2 * c.present < job.present_ranks) {
         st.nodes[node] = SlowNodeState::NodeSlow{c.since_step, c.since_nanos};
       }
     } else if (c.flagged == 0) {
       st.nodes.erase(it);
-    } else if (2 * c.flagged >= c.present) {
+    } else if (c.flagged >= view.options.slow_node_clear_share * c.present) {
       it->second.under_half_since = -1;
     } else if (it->second.under_half_since < 0) {
       it->second.under_half_since = step.step;
@@ -77,7 +75,6 @@ Finding SlowNodeDetector::NodeFinding(const JobView& view, const std::string& no
   const RankScores* sample_rank = nullptr;
   bool sampled = false;
   std::vector<int> flagged;
-  std::vector<std::string> gpu_texts;
   for (int i = 0; i < job.world_size; ++i) {
     const RankInfo& r = job.ranks[i];
     if (!r.present || r.node != node) continue;
@@ -95,39 +92,38 @@ Finding SlowNodeDetector::NodeFinding(const JobView& view, const std::string& no
     // Every GPU of the node's ranks: one throttled GPU may be the whole story.
     const GpuInfo* g = view.registry.GpuOf(r);
     if (g == nullptr) continue;
-    Evidence ev = GpuSlowdowns(g->last, opt);
-    for (Cause c : ev.causes) AddCause(c, &f.causes);
-    if (!ev.texts.empty()) {
-      gpu_texts.push_back(absl::StrCat("GPU ", g->last.index, ": ", absl::StrJoin(ev.texts, ", ")));
-    }
+    DeviceEvidence dev;
+    dev.rank = i;
+    dev.node = node;
+    dev.gpu = g->last.index;
+    const std::vector<Cause> causes = GpuSlowdowns(g->last, opt, &dev);
+    if (causes.empty()) continue;
+    for (Cause c : causes) AddCause(c, &f.causes);
+    f.evidence.devices.push_back(std::move(dev));
   }
   ratio /= std::max(1, count);
   f.severity = ratio >= opt.critical_ratio ? Severity::kCritical : Severity::kWarning;
-  const int nflagged = static_cast<int>(flagged.size());
-  f.summary = nflagged == count ? absl::StrFormat("%s: all %d ranks slow", node, count)
-                                : absl::StrFormat("%s: %d of %d ranks slow", node, nflagged, count);
-  absl::StrAppend(&f.summary, absl::StrFormat(", busy %+.0f%% vs median", (ratio - 1) * 100));
+  f.evidence.slow_rank_count = static_cast<int64_t>(flagged.size());
+  f.evidence.node_rank_count = count;
   bool data = false;
-  if (sampled) {
-    // A rank never scored has an empty window.
-    const SplitView split = SplitOf(sample_rank != nullptr ? *sample_rank : RankScores());
-    data = split.data;
-    absl::StrAppend(&f.summary, "; ", split.text);
+  if (sample_rank != nullptr) {
+    // Where the node's excess lies, read from its first rank.
+    SplitOf(*sample_rank, &f.evidence);
+    data = f.evidence.data_excess_seconds.has_value();
   }
-  for (const std::string& t : gpu_texts) absl::StrAppend(&f.summary, "; ", t);
-  if (std::optional<double> cpu = SaturatedHostCpu(view.registry.hosts(), node, opt)) {
+  // The node's figure: the mean over its ranks of busy time vs the peers' median.
+  f.evidence.busy_vs_median_ratio = ratio;
+  double median = 0;
+  if (std::optional<double> cpu = SaturatedHostCpu(view.registry.hosts(), node, opt, &median)) {
     AddCause(Cause::kHostCpu, &f.causes);
-    absl::StrAppend(&f.summary, "; host CPU ", Percent(*cpu));
+    DeviceEvidence host;
+    host.node = node;
+    host.host_cpu_ratio = cpu;
+    host.host_cpu_median_ratio = median;
+    f.evidence.devices.push_back(std::move(host));
   }
   if (data) f.causes.insert(f.causes.begin(), Cause::kDataLoading);
   f.cause = f.causes.empty() ? Cause::kUnknown : f.causes[0];
-  // The node, not the job's partition, is at fault: drain or inspect it.
-  if (f.cause == Cause::kDataLoading) {
-    f.action = absl::StrCat("drain ", node, " or inspect its storage and data loading (more ",
-                            "data-loader workers)");
-  } else {
-    f.action = DeviceAction(f.cause, node, -1);
-  }
   f.ranks = BoundedRanks(std::move(flagged), opt.max_finding_ranks);
   return f;
 }

@@ -3,9 +3,6 @@
 #include <algorithm>
 #include <string>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "analysis/finding.h"
 #include "analysis/stats.h"
 
@@ -28,6 +25,7 @@ void StallDetector::OnAdvance(const JobView& view, int64_t now, DetectorState* s
     st.step = job.max_step;
     st.since_nanos = job.last_progress_nanos;
     st.limit_nanos = limit;
+    st.median_step_seconds = median_step;
   }
 }
 
@@ -48,34 +46,16 @@ void StallDetector::Evaluate(const JobView& view, const DetectorState* state,
       waiting.push_back(i);
     }
   }
-  f.summary = absl::StrFormat("no step progress for over %s after step %d",
-                              Seconds(st.limit_nanos / kNanosPerSecond), job.max_step);
-  auto list = [](const std::vector<int>& v) {
-    constexpr size_t kShown = 16;
-    std::string s = absl::StrJoin(v.begin(), v.begin() + std::min(v.size(), kShown), ",");
-    if (v.size() > kShown) absl::StrAppend(&s, ",... (", v.size(), " in all)");
-    return s;
-  };
-  if (silent.empty()) {
-    absl::StrAppend(&f.summary, "; all ", waiting.size(), " ranks silent since that step");
-  } else {
-    absl::StrAppend(&f.summary, "; silent ranks (behind): ", list(silent));
-    if (!waiting.empty()) absl::StrAppend(&f.summary, "; waiting ranks: ", list(waiting));
-  }
+  Evidence& e = f.evidence;
+  e.stall_limit_seconds = st.limit_nanos / kNanosPerSecond;
+  e.median_step_seconds = st.median_step_seconds;
+  e.silent_rank_count = static_cast<int64_t>(silent.size());
+  e.waiting_rank_count = static_cast<int64_t>(waiting.size());
+  e.exited_rank_count = static_cast<int64_t>(exited.size());
+  e.waiting_ranks = BoundedRanks(waiting, view.options.max_finding_ranks);
+  e.exited_ranks = BoundedRanks(exited, view.options.max_finding_ranks);
   // Some processes ended while the others hang: the first to go likely crashed.
-  if (!exited.empty()) {
-    absl::StrAppend(&f.summary, exited.size() == 1 ? "; rank " : "; ranks ", list(exited),
-                    " exited (process gone)");
-    SetCause(&f, Cause::kRankExited);
-    f.action =
-        absl::StrCat("read the logs of rank", exited.size() == 1 ? " " : "s ", list(exited),
-                     " (exited); the other ranks wait for ", exited.size() == 1 ? "it" : "them");
-  } else {
-    SetCause(&f, Cause::kHang);
-    f.action =
-        "dump the stacks of the silent ranks (py-spy dump) and read their NCCL logs "
-        "(NCCL_DEBUG=INFO)";
-  }
+  SetCause(&f, exited.empty() ? Cause::kHang : Cause::kRankExited);
   // With every rank at the same step, all of them are the silent ones.
   f.ranks = BoundedRanks(silent.empty() ? waiting : silent, view.options.max_finding_ranks);
   out->push_back(std::move(f));

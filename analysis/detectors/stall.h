@@ -16,6 +16,7 @@ class StallState : public DetectorState {
   int64_t step = -1;
   int64_t since_nanos = 0;
   int64_t limit_nanos = 0;
+  double median_step_seconds = 0;  // when it stalled
   bool Active(const JobRecord& job) const { return stalled && job.max_step == step; }
 };
 

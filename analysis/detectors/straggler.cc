@@ -3,9 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "analysis/causes.h"
 #include "analysis/finding.h"
 #include "analysis/stats.h"
@@ -118,13 +115,13 @@ void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, si
     r.sum_ratio_sq += (sc.busy / sc.ref) * (sc.busy / sc.ref);
     r.over_count += sc.over ? 1 : 0;
     const bool was = r.flagged;
-    Evaluate(opt, r, step.step, step.nanos, step.step_s);
+    Evaluate(opt, r, step.step, step.nanos, step.step_seconds);
     if (was != r.flagged) st.flags_changed = true;
   }
 }
 
 void StragglerDetector::Evaluate(const EngineOptions& opt, RankScores& r, int64_t step,
-                                 int64_t nanos, double step_s) {
+                                 int64_t nanos, double step_seconds) {
   const double n = r.scores.size();
   if (r.flagged) ++r.flagged_steps;
   if (static_cast<int>(n) < opt.straggler_window) return;
@@ -133,9 +130,9 @@ void StragglerDetector::Evaluate(const EngineOptions& opt, RankScores& r, int64_
   const double margin =
       std::max(opt.straggler_rel_margin, opt.straggler_noise_z * (r.sum_sigma / n) / std::sqrt(n));
   const double abs_margin =
-      std::max(opt.straggler_abs_margin_s, opt.straggler_step_fraction * step_s);
+      std::max(opt.straggler_abs_margin_seconds, opt.straggler_step_fraction * step_seconds);
   if (!r.flagged) {
-    if (rel > margin && excess > abs_margin && 2 * r.over_count > n) {
+    if (rel > margin && excess > abs_margin && r.over_count > opt.straggler_over_share * n) {
       r.flagged = true;
       r.flagged_steps = 0;
       // The episode began at the first over-margin step of the current run in the window.
@@ -146,7 +143,8 @@ void StragglerDetector::Evaluate(const EngineOptions& opt, RankScores& r, int64_
         r.flagged_since_step = r.scores[i].step;
       }
     }
-  } else if (rel < margin / 2 || excess < abs_margin / 2) {
+  } else if (rel < margin * opt.straggler_clear_share ||
+             excess < abs_margin * opt.straggler_clear_share) {
     r.flagged = false;
   }
 }
@@ -155,7 +153,7 @@ void StragglerDetector::OnRankRemoved(const JobView&, int rank, DetectorState* s
   static_cast<StragglerState*>(state)->Erase(rank);
 }
 
-SplitView SplitOf(const RankScores& r) {
+void SplitOf(const RankScores& r, Evidence* e) {
   double busy = 0, ref = 0, compute = 0, ref_compute = 0, data = 0, ref_data = 0;
   bool split = false;
   for (size_t i = 0; i < r.scores.size(); ++i) {
@@ -170,50 +168,32 @@ SplitView SplitOf(const RankScores& r) {
   }
   const double n = std::max<size_t>(1, r.scores.size());
   const double data_excess = (data - ref_data) / n, compute_excess = (compute - ref_compute) / n;
-  if (data_excess > compute_excess && data_excess > 0) {
-    return {absl::StrCat("data loading +", Seconds(data_excess), " vs median"), true};
-  }
-  if (ref_compute > 0 && split) {
-    return {absl::StrFormat("compute %+.0f%% vs median", (compute / ref_compute - 1) * 100)};
-  }
-  if (ref > 0) return {absl::StrFormat("busy %+.0f%% vs median", (busy / ref - 1) * 100)};
-  return {"slower than its peers"};
+  if (data_excess > compute_excess && data_excess > 0) e->data_excess_seconds = data_excess;
+  if (ref_compute > 0 && split) e->compute_vs_median_ratio = compute / ref_compute;
+  if (ref > 0) e->busy_vs_median_ratio = busy / ref;
 }
 
 void StragglerDetector::Attribute(const JobView& view, int rank, const RankScores& sc,
                                   const GpuInfo* g, Finding* f) {
   const RankInfo& r = view.job.ranks[rank];
-  const SplitView split = SplitOf(sc);
-  const Evidence dev = DeviceEvidence(g, view.registry.hosts(), r.node, view.options);
-  absl::StrAppend(&f->summary, ": ", split.text);
-  if (split.data) {
+  SplitOf(sc, &f->evidence);
+  DeviceEvidence dev;
+  dev.rank = rank;
+  const std::vector<Cause> causes =
+      DeviceCauses(g, view.registry.hosts(), r.node, view.options, &dev);
+  if (f->evidence.data_excess_seconds) {
     f->causes.push_back(Cause::kDataLoading);
-    for (Cause c : dev.causes) AddCause(c, &f->causes);
-    if (!dev.texts.empty()) absl::StrAppend(&f->summary, "; ", absl::StrJoin(dev.texts, "; "));
-    f->action = DeviceAction(Cause::kDataLoading, r.node, f->gpu);
-  } else if (!dev.causes.empty()) {
-    f->causes = dev.causes;
-    const bool host = dev.causes[0] == Cause::kHostCpu;
-    absl::StrAppend(&f->summary,
-                    host ? "; slower host: " : "; slower GPU: ", absl::StrJoin(dev.texts, "; "));
-    f->action = DeviceAction(dev.causes[0], r.node, f->gpu);
+    for (Cause c : causes) AddCause(c, &f->causes);
+  } else if (!causes.empty()) {
+    f->causes = causes;
   } else if (FullSpeedAndBusy(g, view.options)) {
     f->causes.push_back(Cause::kMoreWork);
-    const GpuReading& x = g->last;
-    std::string clock =
-        x.sm_clock_mhz ? absl::StrFormat("SM clock %.0f MHz, ", *x.sm_clock_mhz) : std::string();
-    absl::StrAppend(&f->summary, "; more work than its peers at full clocks (", clock,
-                    g->last.sm_activity_ratio ? "SM activity " : "utilization ", Percent(g->value),
-                    ")");
-    f->action = absl::StrCat("check the sharding and data balance of rank ", rank,
-                             " (e.g. uneven sequence lengths or batch sizes)");
-  } else {
-    absl::StrAppend(&f->summary, "; cause unknown");
-    if (g == nullptr) absl::StrAppend(&f->summary, " (no GPU readings)");
-    if (!dev.texts.empty()) absl::StrAppend(&f->summary, ": ", absl::StrJoin(dev.texts, "; "));
-    f->action = absl::StrCat("compare rank ", rank, "'s GPU and host with its peers' ",
-                             "(nvidia-smi, py-spy dump)");
+    // Full clocks and a busy GPU are the evidence here.
+    dev.sm_clock_mhz = g->last.sm_clock_mhz;
+    dev.sm_clock_max_mhz = g->last.sm_clock_max_mhz;
+    SetGpuBusy(*g, &dev);
   }
+  f->evidence.devices.push_back(std::move(dev));
   f->cause = f->causes.empty() ? Cause::kUnknown : f->causes[0];
 }
 
@@ -239,11 +219,7 @@ void StragglerDetector::Evaluate(const JobView& view, const DetectorState* state
     f.persistent = sc->flagged_steps >= view.options.persistent_steps;
     f.severity =
         sc->MeanRatio() >= view.options.critical_ratio ? Severity::kCritical : Severity::kWarning;
-    f.summary = absl::StrCat("rank ", i);
-    if (!r.node.empty()) absl::StrAppend(&f.summary, " on ", r.node);
-    if (f.gpu >= 0) absl::StrAppend(&f.summary, " GPU ", f.gpu);
     Attribute(view, i, *sc, g, &f);
-    if (!f.persistent) absl::StrAppend(&f.summary, " (transient so far)");
     out->push_back(std::move(f));
   }
 }

@@ -59,12 +59,9 @@ class StragglerState : public DetectorState {
   std::vector<std::unique_ptr<RankScores>> ranks_;
 };
 
-// A rank's split against its peers over the window, for a summary.
-struct SplitView {
-  std::string text;
-  bool data = false;  // the excess is in data loading rather than compute
-};
-SplitView SplitOf(const RankScores& r);
+// A rank's split against its peers over the window: busy and compute vs the peers' median, and
+// the data-loading excess per step where the excess lies in data loading rather than compute.
+void SplitOf(const RankScores& r, Evidence* e);
 
 class StragglerDetector : public Detector {
  public:
@@ -83,7 +80,7 @@ class StragglerDetector : public Detector {
   void ScoreGroup(const JobView& view, const StepView& step, size_t begin, size_t end,
                   StragglerState& st);
   static void Evaluate(const EngineOptions& opt, RankScores& r, int64_t step, int64_t nanos,
-                       double step_s);
+                       double step_seconds);
   static void Attribute(const JobView& view, int rank, const RankScores& r, const GpuInfo* g,
                         Finding* f);
 

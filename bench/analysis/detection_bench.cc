@@ -36,11 +36,11 @@ int ReplayPai(const std::vector<std::string>& files) {
                 << stepwatch::analysis::FindingKindName(e.kind) << ": " << e.summary << "\n";
     }
     const auto& s = r.last_snapshot;
-    std::cout << "  at the end: median step " << s.median_step_s << " s, efficiency "
+    std::cout << "  at the end: median step " << s.median_step_seconds << " s, efficiency "
               << s.efficiency_ratio << ", imbalance share " << s.breakdown.imbalance
               << ", what-if stragglers fixed " << s.whatif.stragglers << "x\n";
     for (const auto& rank : r.last_ranks) {
-      std::cout << "    worker " << rank.rank << ": busy " << rank.busy_s << " s, x"
+      std::cout << "    worker " << rank.rank << ": busy " << rank.busy_seconds << " s, x"
                 << rank.busy_vs_median_ratio << (rank.straggler ? " STRAGGLER" : "") << "\n";
     }
   }

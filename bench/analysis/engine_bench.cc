@@ -16,7 +16,7 @@ void BM_StepPerRank(benchmark::State& state) {
   Engine engine;
   std::mt19937_64 rng(1);
   std::normal_distribution<double> normal(0, 1);
-  std::vector<StepSample> samples(ranks);
+  std::vector<StepEvent> samples(ranks);
   // A few noise patterns, reused, so that the timing measures the engine rather than the RNG.
   constexpr int kPatterns = 16;
   std::vector<std::vector<double>> compute(kPatterns, std::vector<double>(ranks));
@@ -24,7 +24,7 @@ void BM_StepPerRank(benchmark::State& state) {
     for (double& c : p) c = 0.35 * (1 + 0.03 * normal(rng));
   }
   for (int r = 0; r < ranks; ++r) {
-    StepSample& s = samples[r];
+    StepEvent& s = samples[r];
     s.job = "bench-job";
     s.rank = r;
     s.world_size = ranks;
@@ -40,12 +40,12 @@ void BM_StepPerRank(benchmark::State& state) {
     const std::vector<double>& c = compute[step % kPatterns];
     now += 500'000'000;
     for (int r = 0; r < ranks; ++r) {
-      StepSample& s = samples[r];
+      StepEvent& s = samples[r];
       s.step = step;
-      s.step_s = 0.5;
-      s.compute_s = c[r];
-      s.data_s = 0.02;
-      s.comm_s = 0.5 - c[r] - 0.02;
+      s.step_seconds = 0.5;
+      s.compute_seconds = c[r];
+      s.data_seconds = 0.02;
+      s.comm_seconds = 0.5 - c[r] - 0.02;
       s.received_unix_nanos = now;
       benchmark::DoNotOptimize(engine.AddStep(s));
     }
@@ -68,17 +68,17 @@ BENCHMARK(BM_StepPerRank)
 void BM_FindingsAndSnapshot(benchmark::State& state) {
   const int ranks = static_cast<int>(state.range(0));
   Engine engine;
-  std::vector<StepSample> samples(ranks);
+  std::vector<StepEvent> samples(ranks);
   for (int step = 0; step < 64; ++step) {
     for (int r = 0; r < ranks; ++r) {
-      StepSample& s = samples[r];
+      StepEvent& s = samples[r];
       s.job = "bench-job";
       s.rank = r;
       s.world_size = ranks;
       s.step = step;
-      s.step_s = 0.5;
-      s.compute_s = r == 3 ? 0.45 : 0.35;
-      s.comm_s = 0.5 - *s.compute_s;
+      s.step_seconds = 0.5;
+      s.compute_seconds = r == 3 ? 0.45 : 0.35;
+      s.comm_seconds = 0.5 - *s.compute_seconds;
       s.node = "node-" + std::to_string(r / 8);
       s.received_unix_nanos = 1'800'000'000'000'000'000 + step * 500'000'000LL;
       (void)engine.AddStep(s);

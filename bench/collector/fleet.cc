@@ -30,10 +30,10 @@ v1::ReportBatch FleetBatch(const FleetSpec& spec, int node, int64_t step, uint64
     e->set_step(step);
     const double busy =
         0.1 + 0.0005 * (global % 5) + (global == spec.slow_rank ? spec.slow_extra_s : 0);
-    e->set_step_s(0.2);
-    e->set_data_s(0.005);
-    e->set_compute_s(busy - 0.005);
-    e->set_comm_s(0.2 - busy);
+    e->set_step_seconds(0.2);
+    e->set_data_seconds(0.005);
+    e->set_compute_seconds(busy - 0.005);
+    e->set_comm_seconds(0.2 - busy);
     e->set_samples(64);
     e->set_local_rank(i);
     if (spec.gpus > 0) e->set_gpu(i % spec.gpus);

@@ -31,10 +31,10 @@ v1::ReportBatch MakeBatch(int world_size) {
     e->set_world_size(world_size);
     e->set_step(i / world_size);
     const double busy = rank == 3 ? 0.12 : 0.1 + 0.0001 * (i % 7);
-    e->set_step_s(0.125);
-    e->set_data_s(0.005);
-    e->set_compute_s(busy - 0.005);
-    e->set_comm_s(0.125 - busy);
+    e->set_step_seconds(0.125);
+    e->set_data_seconds(0.005);
+    e->set_compute_seconds(busy - 0.005);
+    e->set_comm_seconds(0.125 - busy);
     e->set_samples(64);
     e->set_gpu(rank % 8);
     e->set_pid(1000 + rank);
@@ -62,7 +62,8 @@ void ShiftSteps(v1::ReportBatch* b, int64_t steps) {
 
 // Fails the benchmark unless every step was accepted and the job advanced: a benchmark of
 // rejected input would measure nothing.
-void Check(benchmark::State& state, const CollectorState& collector, int64_t batches) {
+void Check(benchmark::State& state, CollectorState& collector, int64_t batches) {
+  collector.Tick();  // publishes what the last batches did
   StateSnapshot s = collector.Snapshot();
   uint64_t rejected = 0;
   for (const auto& [reason, n] : s.counters.steps_rejected) rejected += n;

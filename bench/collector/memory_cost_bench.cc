@@ -44,10 +44,10 @@ v1::StepEvent* AddStep(v1::ReportBatch* b, const std::string& job, int rank, int
   e->set_rank(rank);
   e->set_world_size(world_size);
   e->set_step(step);
-  e->set_step_s(0.2);
-  e->set_data_s(0.005);
-  e->set_compute_s(0.1 + 0.0001 * (rank % 7));
-  e->set_comm_s(0.09);
+  e->set_step_seconds(0.2);
+  e->set_data_seconds(0.005);
+  e->set_compute_seconds(0.1 + 0.0001 * (rank % 7));
+  e->set_comm_seconds(0.09);
   e->set_samples(64);
   e->set_gpu(rank % 8);
   e->set_pid(1000 + rank);
@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
     CollectorStateOptions options;
     options.engine.window_steps = c.window_steps;
     options.max_nodes = 1 << 30;
-    options.max_jobs = 1 << 30;
+    options.engine.max_jobs = 1 << 30;
     options.expire_nanos = int64_t{1} << 62;
     auto state = std::make_unique<CollectorState>(options, &clock);
     const size_t before = HeapInUse();

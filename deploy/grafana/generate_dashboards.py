@@ -275,6 +275,29 @@ def cluster_overview():
                            instant=True)], "short", minimum=0,
                    thresholds=[{"color": "green", "value": None},
                                {"color": "orange", "value": 1}]), 12, 8)
+    L.row("Monitoring health")
+    L.add(timeseries("Step events lost before analysis", "Step events that never reached the "
+                     "analysis, per 10 minutes: refused sends counted by the training processes "
+                     "themselves (client), dropped by agents (too many pending, buffer full) and "
+                     "refused by the collector (invalid, over a limit). Should be 0.",
+                     [target("sum by (job) (increase(stepwatch_agent_client_dropped_events_total"
+                             "[10m]))", "client: {{job}}", ref="A"),
+                      target("sum by (node) (increase(stepwatch_agent_events_dropped_total[10m]))",
+                             "agent: {{node}}", ref="B"),
+                      target("sum by (reason) (increase(stepwatch_collector_steps_rejected_total"
+                             "[10m]))", "collector: {{reason}}", ref="C")],
+                     "short", minimum=0), 12, 8)
+    L.add(timeseries("/metrics connections refused or evicted", "Connections the collector's "
+                     "and agents' /metrics servers refused or evicted at their connection cap "
+                     "(--metrics-max-connections), per 10 minutes. Non-zero: something holds "
+                     "connections open.",
+                     [target("sum by (instance) (increase("
+                             "stepwatch_metrics_http_connections_refused_total[10m]))",
+                             "refused: {{instance}}", ref="A"),
+                      target("sum by (instance) (increase(stepwatch_metrics_http_connections_"
+                             "closed_total{reason=\"evicted\"}[10m]))", "evicted: {{instance}}",
+                             ref="B")],
+                     "short", minimum=0), 12, 8)
     return dashboard("stepwatch-overview", "stepwatch / Cluster overview",
                      "Training jobs, their efficiency and findings, and GPU utilization.",
                      L.panels, [], [link("Job view", "stepwatch-job", False),

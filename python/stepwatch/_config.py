@@ -8,6 +8,8 @@ STEPWATCH_JOB overrides the job id of all of them.
 import os
 import socket as _socket
 
+from . import _rules
+
 DEFAULT_SOCKET = "/run/stepwatch/agent.sock"
 
 # Optional integer coordinates copied into every event when set.
@@ -67,21 +69,22 @@ def _env_job(env):
     return None
 
 
-def _check_int(name, value, minimum):
+def _check_int(name, value):
+    """Raises ValueError when the agent would refuse `value` for the field `name`."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError("%s must be an int, got %r" % (name, value))
-    if value < minimum:
-        raise ValueError("%s must be >= %d, got %d" % (name, minimum, value))
+    error = _rules.int_error(name, value)
+    if error:
+        raise ValueError(error)
     return value
 
 
 def resolve(job=None, rank=None, world_size=None, socket_path=None, env=None, **optional):
     """Returns an Identity from explicit values, falling back to `env` (default os.environ).
 
-    Raises ValueError for values that are present but invalid (a non-integer RANK, rank >=
-    world_size, an empty job id, an unknown keyword).
+    Raises ValueError for values that are present but invalid, or that the agent would refuse
+    (docs/step-event.md): a non-integer RANK, rank >= world_size, a job id that is empty, over 256
+    bytes or holds a control character, an unknown keyword.
     """
     if env is None:
         env = os.environ
@@ -99,12 +102,12 @@ def resolve(job=None, rank=None, world_size=None, socket_path=None, env=None, **
         rank = 0
     if world_size is None:
         world_size = 1
-    _check_int("rank", rank, 0)
-    _check_int("world_size", world_size, 1)
+    _check_int("world_size", world_size)
+    _check_int("rank", rank)
     if rank >= world_size:
         raise ValueError("rank %d is not below world_size %d" % (rank, world_size))
     for name in OPTIONAL_INT_FIELDS:
-        _check_int(name, optional.get(name), 0)
+        _check_int(name, optional.get(name))
 
     if job is None:
         job = _env_job(env)
@@ -116,8 +119,9 @@ def resolve(job=None, rank=None, world_size=None, socket_path=None, env=None, **
             )
         # A single process is its own job.
         job = "local-%s-%d" % (_socket.gethostname(), os.getpid())
-    if not isinstance(job, str) or not job:
-        raise ValueError("job must be a non-empty string, got %r" % (job,))
+    error = _rules.job_error(job)
+    if error:
+        raise ValueError(error)
 
     if socket_path is None:
         socket_path = env.get("STEPWATCH_SOCKET", "").strip() or DEFAULT_SOCKET

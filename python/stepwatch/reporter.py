@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 
-from . import _config
+from . import _config, _rules
 
 _LOG = logging.getLogger("stepwatch")
 
@@ -52,21 +52,21 @@ _MAX_SOCKET_PATH = 107
 # kernel caps it at net.core.wmem_max).
 SEND_BUFFER_BYTES = 4 << 20
 _BUSY = "the stepwatch agent is busy (its socket queue is full)"
-_INF = float("inf")
+# The agent's limits (stepwatch._rules), as module globals for the hot path.
+_MAX_S = _rules.MAX_SECONDS
+_MAX_NS = int(_rules.MAX_SECONDS) * 1000000000
+_MAX_I64 = _rules.MAX_INT64
 # The clocks, looked up as module globals on every use so that tests can replace them.
 _perf_counter = time.perf_counter  # reconnect pacing
 _perf_counter_ns = time.perf_counter_ns  # step and phase durations
-
-
-# The agent rejects longer job ids (agent/step_event_parser.h, kMaxJobBytes).
-MAX_JOB_BYTES = 256
 
 
 class Reporter:
     """Sends step events for one training process (one rank).
 
     Identity comes from the arguments, else from the environment (see stepwatch._config.resolve).
-    Invalid explicit arguments raise ValueError here, at construction, never later.
+    Invalid arguments raise ValueError here, at construction, never later: among them a job id
+    the agent would refuse (docs/step-event.md), which would otherwise lose every event.
     While the agent is unreachable, a connection is retried at most every `reconnect_interval`
     seconds; events in between are dropped without a system call.
 
@@ -135,15 +135,6 @@ class Reporter:
         self._fmt_head = escaped + b',"step":%d,"step_s":%r'
         self._fmt_ns_head = escaped + b',"step":%d,"step_s":%de-9'
         self._log = logger or _LOG
-        if len(ident.job.encode("utf-8")) > MAX_JOB_BYTES:
-            # The agent rejects such events (they would become label values downstream): say so
-            # once here rather than let every step vanish.
-            self._log.warning(
-                "stepwatch: job id is %d bytes, over the agent's limit of %d: its events will be "
-                "rejected; set a shorter STEPWATCH_JOB",
-                len(ident.job.encode("utf-8")),
-                MAX_JOB_BYTES,
-            )
         self._lock = threading.Lock()
         self._sock = None
         self._next_connect = 0.0
@@ -168,7 +159,8 @@ class Reporter:
     def send(self, step, step_s, data_s=None, compute_s=None, comm_s=None, samples=None):
         """Sends one step event. Returns True when the datagram left, False when it was dropped.
 
-        Invalid values (step < 0, step_s <= 0, a negative or non-finite duration) drop the event.
+        Values the agent would refuse (docs/step-event.md: step < 0, step_s <= 0, a negative,
+        non-finite or over-a-day duration, ...) drop the event.
         """
         sock = self._sock
         if sock is None:
@@ -188,12 +180,12 @@ class Reporter:
             ):
                 # Every field present (stepwatch.torch, most loops): one format operation.
                 if not (
-                    0.0 < step_s < _INF
-                    and 0.0 <= data_s < _INF
-                    and 0.0 <= compute_s < _INF
-                    and 0.0 <= comm_s < _INF
-                    and step >= 0
-                    and samples >= 0
+                    0.0 < step_s <= _MAX_S
+                    and 0.0 <= data_s <= _MAX_S
+                    and 0.0 <= compute_s <= _MAX_S
+                    and 0.0 <= comm_s <= _MAX_S
+                    and 0 <= step <= _MAX_I64
+                    and 0 <= samples <= _MAX_I64
                 ):
                     return self._drop(_invalid_reason(step, step_s, data_s, compute_s, comm_s,
                                                       samples))
@@ -201,23 +193,24 @@ class Reporter:
                     step, float(step_s), float(data_s), float(compute_s), float(comm_s), samples
                 )
             else:
-                if not 0.0 < step_s < _INF or step < 0:
-                    return self._drop("invalid step event (step=%r, step_s=%r)" % (step, step_s))
+                if not 0.0 < step_s <= _MAX_S or not 0 <= step <= _MAX_I64:
+                    return self._drop(_invalid_reason(step, step_s, data_s, compute_s, comm_s,
+                                                      samples))
                 data = self._fmt_head % (step, float(step_s))
                 if data_s is not None:
-                    if not 0.0 <= data_s < _INF:
+                    if not 0.0 <= data_s <= _MAX_S:
                         return self._drop("invalid data_s %r" % (data_s,))
                     data += b',"data_s":%r' % float(data_s)
                 if compute_s is not None:
-                    if not 0.0 <= compute_s < _INF:
+                    if not 0.0 <= compute_s <= _MAX_S:
                         return self._drop("invalid compute_s %r" % (compute_s,))
                     data += b',"compute_s":%r' % float(compute_s)
                 if comm_s is not None:
-                    if not 0.0 <= comm_s < _INF:
+                    if not 0.0 <= comm_s <= _MAX_S:
                         return self._drop("invalid comm_s %r" % (comm_s,))
                     data += b',"comm_s":%r' % float(comm_s)
                 if samples is not None:
-                    if samples < 0:
+                    if not 0 <= samples <= _MAX_I64:
                         return self._drop("invalid samples %r" % (samples,))
                     data += b',"samples":%d' % samples
                 data += b"}"
@@ -250,7 +243,8 @@ class Reporter:
                     return False
                 return self._drop(self.last_error)
         try:
-            if step_ns <= 0 or step < 0:
+            # The phases lie within the step: bounding the step bounds them.
+            if not 0 < step_ns <= _MAX_NS or not 0 <= step <= _MAX_I64:
                 return self._drop("invalid step event (step=%r, step_s=%re-9)" % (step, step_ns))
             data = self._fmt_ns_head % (step, step_ns)
             if data_ns:
@@ -260,7 +254,7 @@ class Reporter:
             if comm_ns:
                 data += b',"comm_s":%de-9' % comm_ns
             if samples is not None:
-                if samples < 0:
+                if not 0 <= samples <= _MAX_I64:
                     return self._drop("invalid samples %r" % (samples,))
                 data += b',"samples":%d' % samples
             data += b"}"
@@ -500,13 +494,14 @@ class _StepScope:
                 and data_ns
                 and compute_ns
                 and comm_ns
-                and step >= 0
+                and 0 <= step <= _MAX_I64
+                and step_ns <= _MAX_NS
                 and not rep._unreported
             )
             if fast:
                 if samples is None:
                     data = rep._fmt_ns_phases % (step, step_ns, data_ns, compute_ns, comm_ns)
-                elif samples >= 0:
+                elif 0 <= samples <= _MAX_I64:
                     data = rep._fmt_ns_full % (
                         step, step_ns, data_ns, compute_ns, comm_ns, samples
                     )
@@ -600,10 +595,7 @@ _NULL_SCOPE = _NullScope()
 
 
 def _invalid_reason(step, step_s, data_s, compute_s, comm_s, samples):
-    """Why send() refused a full event (only computed on that rare path)."""
-    if not 0.0 < step_s < _INF or step < 0:
-        return "invalid step event (step=%r, step_s=%r)" % (step, step_s)
-    for name, value in (("data_s", data_s), ("compute_s", compute_s), ("comm_s", comm_s)):
-        if not 0.0 <= value < _INF:
-            return "invalid %s %r" % (name, value)
-    return "invalid samples %r" % (samples,)
+    """Why send() refused an event (only computed on that rare path)."""
+    return _rules.step_error(step, step_s, data_s, compute_s, comm_s, samples) or (
+        "invalid step event (step=%r, step_s=%r)" % (step, step_s)
+    )

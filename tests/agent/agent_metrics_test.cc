@@ -18,6 +18,12 @@
 namespace stepwatch::agent {
 namespace {
 
+security::MetricsEndpointOptions Listen(std::string listen) {
+  security::MetricsEndpointOptions options;
+  options.listen = std::move(listen);
+  return options;
+}
+
 AgentMetricsSources FakeSources() {
   AgentMetricsSources s;
   s.node = "node-7";
@@ -178,8 +184,8 @@ std::string HttpGet(int port, const std::string& path) {
 }
 
 TEST(AgentMetricsTest, ServesOverHttpAndPassesPromtool) {
-  auto server =
-      MetricsServer::Start("127.0.0.1:0", std::make_shared<AgentCollectable>(FakeSources()));
+  auto server = MetricsServer::Start(Listen("127.0.0.1:0"),
+                                     std::make_shared<AgentCollectable>(FakeSources()));
   ASSERT_TRUE(server.ok()) << server.status();
   ASSERT_GT((*server)->port(), 0);
   const std::string body = HttpGet((*server)->port(), "/metrics");
@@ -207,10 +213,11 @@ TEST(AgentMetricsTest, ServesOverHttpAndPassesPromtool) {
 
 TEST(AgentMetricsTest, BadListenAddressesFail) {
   auto collectable = std::make_shared<AgentCollectable>(FakeSources());
-  EXPECT_FALSE(MetricsServer::Start("no-port", collectable).ok());
-  auto first = MetricsServer::Start("127.0.0.1:0", collectable);
+  EXPECT_FALSE(MetricsServer::Start(Listen("no-port"), collectable).ok());
+  auto first = MetricsServer::Start(Listen("127.0.0.1:0"), collectable);
   ASSERT_TRUE(first.ok()) << first.status();
-  auto second = MetricsServer::Start(absl::StrCat("127.0.0.1:", (*first)->port()), collectable);
+  auto second =
+      MetricsServer::Start(Listen(absl::StrCat("127.0.0.1:", (*first)->port())), collectable);
   EXPECT_FALSE(second.ok());
 }
 

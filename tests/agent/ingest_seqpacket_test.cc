@@ -10,12 +10,13 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "agent/ingest_server.h"
 #include "gtest/gtest.h"
 #include "tests/agent/test_util.h"
@@ -68,22 +69,22 @@ class Received {
  public:
   IngestServer::Sink Sink() {
     return [this](v1::StepEvent&& e) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       events_.push_back(std::move(e));
     };
   }
-  size_t size() {
-    std::lock_guard<std::mutex> lock(mu_);
+  size_t size() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     return events_.size();
   }
-  std::vector<v1::StepEvent> events() {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::StepEvent> events() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     return events_;
   }
 
  private:
-  std::mutex mu_;
-  std::vector<v1::StepEvent> events_;
+  absl::Mutex mu_;
+  std::vector<v1::StepEvent> events_ ABSL_GUARDED_BY(mu_);
 };
 
 class IngestSeqpacketTest : public ::testing::Test {

@@ -5,9 +5,10 @@
 #include <unistd.h>
 
 #include <fstream>
-#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "tests/agent/test_util.h"
 
@@ -24,22 +25,22 @@ class Received {
  public:
   IngestServer::Sink Sink() {
     return [this](v1::StepEvent&& e) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       events_.push_back(std::move(e));
     };
   }
-  size_t size() {
-    std::lock_guard<std::mutex> lock(mu_);
+  size_t size() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     return events_.size();
   }
-  std::vector<v1::StepEvent> events() {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::StepEvent> events() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     return events_;
   }
 
  private:
-  std::mutex mu_;
-  std::vector<v1::StepEvent> events_;
+  absl::Mutex mu_;
+  std::vector<v1::StepEvent> events_ ABSL_GUARDED_BY(mu_);
 };
 
 uint64_t Rejected(const IngestServer& s, RejectReason r) {

@@ -10,8 +10,10 @@
 #include <mutex>
 #include <set>
 
+#include "absl/time/clock.h"
 #include "agent/backoff.h"
 #include "agent/spool.h"
+#include "common/clock.h"
 #include "gtest/gtest.h"
 #include "tests/agent/test_util.h"
 
@@ -49,7 +51,8 @@ class FakeCollector final : public v1::Ingest::Service {
 
   void Shutdown() {
     if (server_) {
-      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+      // No grace: open streams are cancelled at once, as when a collector dies.
+      server_->Shutdown(std::chrono::system_clock::now());
       server_->Wait();
       server_.reset();
     }
@@ -142,7 +145,7 @@ v1::StepEvent Step(int64_t step) {
   e.set_rank(0);
   e.set_world_size(1);
   e.set_step(step);
-  e.set_step_s(0.1);
+  e.set_step_seconds(0.1);
   return e;
 }
 
@@ -154,7 +157,8 @@ int UnusedPort() {
   return port;
 }
 
-ShipperOptions Options(int port) {
+// Options without a clock (the system clock).
+ShipperOptions RealTimeOptions(int port) {
   ShipperOptions o;
   o.collector = "127.0.0.1:" + std::to_string(port);
   o.agent_id = MakeAgentId("node-a", "/tmp/a.sock");
@@ -168,6 +172,49 @@ ShipperOptions Options(int port) {
 }
 
 std::set<int64_t> AsSet(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+
+// Every shipper here runs on a SimulatedClock: the interval, the backoff and the timeouts pass
+// only when a test moves the time. Real time passes only for loopback gRPC.
+class ShipperTest : public ::testing::Test {
+ protected:
+  ShipperOptions Options(int port) {
+    ShipperOptions o = RealTimeOptions(port);
+    o.clock = &clock_;
+    return o;
+  }
+
+  // The time until the earliest sleeper or waiter wakes, once one (other than the hour-long ticker
+  // and the 15 s acknowledgement wait) is there: the reconnect backoff. Bounded in real time.
+  std::optional<absl::Duration> PendingBackoff() {
+    std::optional<absl::Duration> d;
+    testing::WaitFor([&] {
+      const absl::Duration left = clock_.next_deadline() - clock_.TimeNow();
+      if (left > absl::Seconds(1)) return false;
+      d = left;
+      return true;
+    });
+    return d;
+  }
+
+  // Until `pred` holds (for at most 10 s of real time): whenever the shipper sleeps for less than
+  // `horizon` (its reconnect backoff), moves the time to its wake-up; otherwise lets gRPC work.
+  bool AdvanceUntil(const std::function<bool()>& pred,
+                    absl::Duration horizon = absl::Milliseconds(100)) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < give_up) {
+      if (pred()) return true;
+      const absl::Time next = clock_.next_deadline();
+      if (next <= clock_.TimeNow() + horizon) {
+        clock_.SetTime(std::max(next, clock_.TimeNow()));
+      } else {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    }
+    return pred();
+  }
+
+  SimulatedClock clock_;
+};
 
 TEST(AgentIdTest, StableAndDistinct) {
   EXPECT_EQ(MakeAgentId("n", "/run/a.sock"), MakeAgentId("n", "/run/a.sock"));
@@ -204,7 +251,7 @@ TEST(BackoffTest, JitterSpreadsDelays) {
   EXPECT_GT(distinct.size(), 10u);
 }
 
-TEST(ShipperTest, DeliversStepsAndSamplesInOrderAndDrainsOnAck) {
+TEST_F(ShipperTest, DeliversStepsAndSamplesInOrderAndDrainsOnAck) {
   FakeCollector collector;
   const int port = collector.Start(0, {});
   ASSERT_GT(port, 0);
@@ -216,7 +263,7 @@ TEST(ShipperTest, DeliversStepsAndSamplesInOrderAndDrainsOnAck) {
   shipper.FlushNow();
   shipper.AddStep(Step(3));
   shipper.FlushNow();
-  ASSERT_TRUE(WaitFor([&] { return shipper.stats().batches_acknowledged_total == 2; }));
+  ASSERT_TRUE(AdvanceUntil([&] { return shipper.stats().batches_acknowledged_total == 2; }));
   const std::vector<v1::ReportBatch> batches = collector.batches();
   ASSERT_EQ(batches.size(), 2u);
   EXPECT_EQ(batches[0].seq(), 1u);
@@ -244,23 +291,40 @@ TEST(ShipperTest, DeliversStepsAndSamplesInOrderAndDrainsOnAck) {
   EXPECT_TRUE(shipper.LatestSamples().host.has_value());
 }
 
-TEST(ShipperTest, ShipsOnItsOwnScheduleWithFractionalInterval) {
+TEST_F(ShipperTest, ShipsOnItsOwnScheduleWithFractionalInterval) {
   FakeCollector collector;
   const int port = collector.Start(0, {});
   ASSERT_GT(port, 0);
   ShipperOptions o = Options(port);
   o.interval = absl::Milliseconds(50);
+  const absl::Time start = clock_.TimeNow();
   Shipper shipper(o, nullptr, nullptr);
   ASSERT_TRUE(shipper.Start().ok());
+  ASSERT_TRUE(AdvanceUntil([&] { return shipper.stats().connected; }, absl::Milliseconds(20)));
   shipper.AddStep(Step(1));
-  ASSERT_TRUE(WaitFor([&] { return collector.batches().size() >= 3; }));
+  for (int k = 1; k <= 3; ++k) {
+    const absl::Time tick = start + k * o.interval;
+    // The ticker waits for exactly its next tick, and nothing is cut before it.
+    ASSERT_TRUE(WaitFor([&] { return clock_.next_deadline() == tick; })) << k;
+    EXPECT_EQ(shipper.stats().batches_created_total, static_cast<uint64_t>(k - 1));
+    clock_.AdvanceTime(tick - clock_.TimeNow());
+    ASSERT_TRUE(WaitFor([&] { return collector.batches().size() == static_cast<size_t>(k); }));
+    EXPECT_EQ(collector.batches().back().created_unix_nanos(), absl::ToUnixNanos(tick));
+  }
   EXPECT_EQ(AsSet(collector.unique_steps()), std::set<int64_t>({1}));
+  EXPECT_EQ(collector.batches()[0].steps_size(), 1);
   // Without sources a batch carries no GPUs and no host.
   EXPECT_EQ(collector.batches()[0].gpus_size(), 0);
   EXPECT_FALSE(collector.batches()[0].has_host());
+
+  // A stall of ten intervals gives one batch, not ten, and the schedule restarts from it.
+  clock_.AdvanceTime(10 * o.interval);
+  const absl::Time resumed = clock_.TimeNow();
+  ASSERT_TRUE(WaitFor([&] { return clock_.next_deadline() == resumed + o.interval; }));
+  EXPECT_EQ(shipper.stats().batches_created_total, 4u);
 }
 
-TEST(ShipperTest, CollectorRestartLosesNothingWithinTheBuffer) {
+TEST_F(ShipperTest, CollectorRestartLosesNothingWithinTheBuffer) {
   FakeCollector first;
   const int port = first.Start(0, {/*ack=*/false});
   ASSERT_GT(port, 0);
@@ -273,7 +337,7 @@ TEST(ShipperTest, CollectorRestartLosesNothingWithinTheBuffer) {
     shipper.FlushNow();
   }
   // Written but never acknowledged: all five are still held.
-  ASSERT_TRUE(WaitFor([&] { return first.batches().size() == 5; }));
+  ASSERT_TRUE(AdvanceUntil([&] { return first.batches().size() == 5; }));
   EXPECT_EQ(shipper.stats().buffered_batches, 5u);
   first.Shutdown();
   ASSERT_TRUE(WaitFor([&] { return !shipper.stats().connected; }));
@@ -284,7 +348,7 @@ TEST(ShipperTest, CollectorRestartLosesNothingWithinTheBuffer) {
   }
   FakeCollector second;
   ASSERT_EQ(second.Start(port, {/*ack=*/true}), port);
-  ASSERT_TRUE(WaitFor([&] { return shipper.stats().buffered_batches == 0; }))
+  ASSERT_TRUE(AdvanceUntil([&] { return shipper.stats().buffered_batches == 0; }))
       << shipper.stats().buffered_batches;
   // Every batch arrived at the new collector, in order, each once.
   std::vector<uint64_t> seqs;
@@ -301,7 +365,7 @@ TEST(ShipperTest, CollectorRestartLosesNothingWithinTheBuffer) {
   EXPECT_GE(s.connects_total, 2u);
 }
 
-TEST(ShipperTest, StreamDroppedByServerIsReopenedAndNothingIsLost) {
+TEST_F(ShipperTest, StreamDroppedByServerIsReopenedAndNothingIsLost) {
   FakeCollector collector;
   FakeCollector::Behaviour b;
   b.drop_stream_after = 2;
@@ -313,14 +377,14 @@ TEST(ShipperTest, StreamDroppedByServerIsReopenedAndNothingIsLost) {
     shipper.AddStep(Step(i));
     shipper.FlushNow();
   }
-  ASSERT_TRUE(WaitFor([&] { return shipper.stats().buffered_batches == 0; }));
+  ASSERT_TRUE(AdvanceUntil([&] { return shipper.stats().buffered_batches == 0; }));
   std::set<int64_t> expected;
   for (int64_t i = 0; i < 10; ++i) expected.insert(i);
   EXPECT_EQ(AsSet(collector.unique_steps()), expected);
   EXPECT_GE(collector.streams(), 5);
 }
 
-TEST(ShipperTest, FullBufferDropsOldestAndTellsTheCollector) {
+TEST_F(ShipperTest, FullBufferDropsOldestAndTellsTheCollector) {
   const int port = UnusedPort();
   ASSERT_GT(port, 0);
   ShipperOptions o = Options(port);
@@ -337,7 +401,7 @@ TEST(ShipperTest, FullBufferDropsOldestAndTellsTheCollector) {
   EXPECT_EQ(s.buffered_batches, 3u);
   FakeCollector collector;
   ASSERT_EQ(collector.Start(port, {}), port);
-  ASSERT_TRUE(WaitFor([&] { return shipper.stats().buffered_batches == 0; }));
+  ASSERT_TRUE(AdvanceUntil([&] { return shipper.stats().buffered_batches == 0; }));
   const auto batches = collector.batches();
   ASSERT_EQ(batches.size(), 3u);
   EXPECT_EQ(batches[0].seq(), 8u);
@@ -347,7 +411,7 @@ TEST(ShipperTest, FullBufferDropsOldestAndTellsTheCollector) {
   EXPECT_EQ(shipper.stats().acked_seq, 10u);
 }
 
-TEST(ShipperTest, ByteBoundAlsoDropsOldest) {
+TEST_F(ShipperTest, ByteBoundAlsoDropsOldest) {
   ShipperOptions o = Options(UnusedPort());
   o.max_buffered_bytes = 2000;
   Shipper shipper(o, nullptr, nullptr);
@@ -362,27 +426,42 @@ TEST(ShipperTest, ByteBoundAlsoDropsOldest) {
   EXPECT_GE(s.buffered_batches, 1u);
 }
 
-TEST(ShipperTest, ReconnectBackoffIsBounded) {
+// Each failed attempt is followed by one sleep on the clock, doubling from `initial` with up to
+// 50% jitter and capped at `max`; nothing else moves the time.
+TEST_F(ShipperTest, ReconnectBackoffGrowsAndIsCapped) {
   const int port = UnusedPort();
   ASSERT_GT(port, 0);
   ShipperOptions o = Options(port);
-  o.backoff.initial = absl::Milliseconds(10);
-  o.backoff.max = absl::Milliseconds(100);
+  o.backoff.initial = absl::Milliseconds(4);
+  o.backoff.max = absl::Milliseconds(16);
   Shipper shipper(o, nullptr, nullptr);
   ASSERT_TRUE(shipper.Start().ok());
-  // Unbounded doubling from 10 ms would need over 10 s for 12 attempts; capped at 100 ms it
-  // takes about 1 s.
-  EXPECT_TRUE(WaitFor([&] { return shipper.stats().connect_attempts_total >= 12; },
-                      std::chrono::seconds(6)))
-      << shipper.stats().connect_attempts_total;
+  absl::Duration base = o.backoff.initial;
+  for (int attempt = 1; attempt <= 5; ++attempt) {
+    const std::optional<absl::Duration> delay = PendingBackoff();
+    ASSERT_TRUE(delay.has_value()) << attempt;
+    EXPECT_EQ(shipper.stats().connect_attempts_total, static_cast<uint64_t>(attempt));
+    EXPECT_LE(*delay, base) << attempt;
+    EXPECT_GE(*delay, base / 2 - absl::Milliseconds(1)) << attempt;  // whole milliseconds
+    // Just short of the wake-up, no new attempt.
+    clock_.AdvanceTime(*delay - absl::Nanoseconds(1));
+    EXPECT_EQ(clock_.next_deadline() - clock_.TimeNow(), absl::Nanoseconds(1));
+    clock_.AdvanceTime(absl::Nanoseconds(1));
+    ASSERT_TRUE(WaitFor([&] {
+      return shipper.stats().connect_attempts_total == static_cast<uint64_t>(attempt + 1);
+    }));
+    base = std::min(base * 2, o.backoff.max);
+  }
   EXPECT_FALSE(shipper.stats().connected);
-  // A collector that appears late is found quickly.
+  // A collector that appears late is found after at most one more backoff.
   FakeCollector collector;
   ASSERT_EQ(collector.Start(port, {}), port);
-  EXPECT_TRUE(WaitFor([&] { return shipper.stats().connected; }, std::chrono::seconds(5)));
+  const absl::Time appeared = clock_.TimeNow();
+  ASSERT_TRUE(AdvanceUntil([&] { return shipper.stats().connected; }));
+  EXPECT_LE(clock_.TimeNow() - appeared, o.backoff.max);
 }
 
-TEST(ShipperTest, StuckStreamIsReplacedAfterAckTimeout) {
+TEST_F(ShipperTest, StuckStreamIsReplacedAfterAckTimeout) {
   FakeCollector collector;
   const int port = collector.Start(0, {/*ack=*/false});
   ASSERT_GT(port, 0);
@@ -390,17 +469,33 @@ TEST(ShipperTest, StuckStreamIsReplacedAfterAckTimeout) {
   o.ack_timeout = absl::Milliseconds(300);
   Shipper shipper(o, nullptr, nullptr);
   ASSERT_TRUE(shipper.Start().ok());
+  ASSERT_TRUE(AdvanceUntil([&] { return shipper.stats().connected; }));
   shipper.AddStep(Step(0));
   shipper.FlushNow();
-  // The same batch is offered again on each new stream (counted just after the stream opens).
-  ASSERT_TRUE(WaitFor([&] {
-    const ShipperStats s = shipper.stats();
-    return s.connects_total >= 3 && s.batches_resent_total >= 2;
-  }));
-  EXPECT_EQ(shipper.stats().buffered_batches, 1u);
+  for (uint64_t stream = 1; stream <= 3; ++stream) {
+    // Written on this stream (again on each new one), then waiting for its acknowledgement.
+    ASSERT_TRUE(WaitFor([&] {
+      const ShipperStats s = shipper.stats();
+      return s.connects_total == stream && s.batches_sent_total == stream;
+    })) << stream;
+    const absl::Time written = clock_.TimeNow();
+    ASSERT_TRUE(WaitFor([&] { return clock_.next_deadline() == written + o.ack_timeout; }));
+    clock_.AdvanceTime(o.ack_timeout - absl::Milliseconds(1));
+    EXPECT_TRUE(shipper.stats().connected);
+    EXPECT_EQ(shipper.stats().connects_total, stream);
+    // The timeout, then the reconnect backoff.
+    clock_.AdvanceTime(absl::Milliseconds(1));
+    ASSERT_TRUE(AdvanceUntil([&] { return shipper.stats().connects_total == stream + 1; }));
+  }
+  // Four streams, each carrying the one batch, none acknowledging it.
+  ASSERT_TRUE(WaitFor([&] { return collector.batches().size() == 4; }));
+  const ShipperStats s = shipper.stats();
+  EXPECT_EQ(s.batches_sent_total, 4u);
+  EXPECT_EQ(s.batches_resent_total, 3u);
+  EXPECT_EQ(s.buffered_batches, 1u);
 }
 
-TEST(ShipperTest, PendingEventsAreBounded) {
+TEST_F(ShipperTest, PendingEventsAreBounded) {
   ShipperOptions o = Options(UnusedPort());
   o.max_pending_events = 5;
   Shipper shipper(o, nullptr, nullptr);
@@ -413,7 +508,7 @@ TEST(ShipperTest, PendingEventsAreBounded) {
   EXPECT_EQ(shipper.stats().events_shipped_total, 5u);
 }
 
-TEST(ShipperTest, LargeIntervalsAreSplitIntoSeveralBatches) {
+TEST_F(ShipperTest, LargeIntervalsAreSplitIntoSeveralBatches) {
   FakeCollector collector;
   const int port = collector.Start(0, {});
   ShipperOptions o = Options(port);
@@ -423,7 +518,7 @@ TEST(ShipperTest, LargeIntervalsAreSplitIntoSeveralBatches) {
   ASSERT_TRUE(shipper.Start().ok());
   for (int i = 0; i < 10; ++i) shipper.AddStep(Step(i));
   shipper.FlushNow();
-  ASSERT_TRUE(WaitFor([&] { return collector.batches().size() == 3; }));
+  ASSERT_TRUE(AdvanceUntil([&] { return collector.batches().size() == 3; }));
   const auto batches = collector.batches();
   EXPECT_EQ(batches[0].steps_size(), 4);
   EXPECT_EQ(batches[1].steps_size(), 4);
@@ -433,7 +528,7 @@ TEST(ShipperTest, LargeIntervalsAreSplitIntoSeveralBatches) {
   EXPECT_EQ(collector.unique_steps().size(), 10u);
 }
 
-TEST(ShipperTest, ExitedSenderIsReportedOnceAfterItsSteps) {
+TEST_F(ShipperTest, ExitedSenderIsReportedOnceAfterItsSteps) {
   FakeCollector collector;
   const int port = collector.Start(0, {});
   ShipperOptions o = Options(port);
@@ -456,7 +551,7 @@ TEST(ShipperTest, ExitedSenderIsReportedOnceAfterItsSteps) {
   shipper.AddStep(std::move(alive));
   shipper.FlushNow();
   shipper.FlushNow();
-  ASSERT_TRUE(WaitFor([&] { return shipper.stats().batches_acknowledged_total == 3; }));
+  ASSERT_TRUE(AdvanceUntil([&] { return shipper.stats().batches_acknowledged_total == 3; }));
   const auto batches = collector.batches();
   ASSERT_EQ(batches.size(), 3u);
   EXPECT_EQ(batches[0].steps_size(), 2);
@@ -471,29 +566,82 @@ TEST(ShipperTest, ExitedSenderIsReportedOnceAfterItsSteps) {
   EXPECT_EQ(shipper.stats().rank_exits_total, 1u);
 }
 
-TEST(ShipperTest, StopFlushesPendingEvents) {
+// The acknowledgement ends the flush: no time passes.
+TEST_F(ShipperTest, StopFlushesPendingEvents) {
   FakeCollector collector;
   const int port = collector.Start(0, {});
   Shipper shipper(Options(port), nullptr, nullptr);
   ASSERT_TRUE(shipper.Start().ok());
-  ASSERT_TRUE(WaitFor([&] { return shipper.stats().connected; }));
+  ASSERT_TRUE(AdvanceUntil([&] { return shipper.stats().connected; }));
   shipper.AddStep(Step(42));
+  const absl::Time start = clock_.TimeNow();
   shipper.Stop(absl::Seconds(5));
+  EXPECT_EQ(clock_.TimeNow(), start);
   EXPECT_EQ(AsSet(collector.unique_steps()), std::set<int64_t>({42}));
   EXPECT_EQ(shipper.stats().buffered_batches, 0u);
 }
 
-TEST(ShipperTest, StopIsBoundedWithoutCollector) {
+// Stop runs on another thread; returns whether it returned within 10 s of real time (if not, the
+// time is moved far ahead so that it does, and the test fails).
+bool StopsWithin(
+    Shipper* shipper, absl::Duration flush_timeout, SimulatedClock* clock,
+    const std::function<void(const std::atomic<bool>& done)>& while_stopping =
+        [](const std::atomic<bool>&) {}) {
+  std::atomic<bool> done{false};
+  std::thread stopper([&] {
+    shipper->Stop(flush_timeout);
+    done = true;
+  });
+  while_stopping(done);
+  const bool ok = WaitFor([&] { return done.load(); });
+  if (!ok) clock->AdvanceTime(absl::Hours(24));
+  stopper.join();
+  return ok;
+}
+
+// Without a collector there is nothing to wait for: Stop returns without the time moving.
+TEST_F(ShipperTest, StopIsBoundedWithoutCollector) {
   Shipper shipper(Options(UnusedPort()), nullptr, nullptr);
   ASSERT_TRUE(shipper.Start().ok());
   shipper.AddStep(Step(1));
-  const auto start = std::chrono::steady_clock::now();
-  shipper.Stop(absl::Milliseconds(200));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+  const absl::Time start = clock_.TimeNow();
+  EXPECT_TRUE(StopsWithin(&shipper, absl::Seconds(30), &clock_));
+  EXPECT_EQ(clock_.TimeNow(), start);
   EXPECT_EQ(shipper.stats().buffered_batches, 1u);
 }
 
-TEST(ShipperTest, RejectsBadOptions) {
+// A connected collector that never acknowledges holds Stop for exactly the flush timeout.
+TEST_F(ShipperTest, StopWaitsForTheFlushTimeoutWhenNothingIsAcknowledged) {
+  FakeCollector collector;
+  const int port = collector.Start(0, {/*ack=*/false});
+  ASSERT_GT(port, 0);
+  Shipper shipper(Options(port), nullptr, nullptr);
+  ASSERT_TRUE(shipper.Start().ok());
+  ASSERT_TRUE(AdvanceUntil([&] { return shipper.stats().connected; }));
+  shipper.AddStep(Step(7));
+  const absl::Time start = clock_.TimeNow();
+  const absl::Duration flush_timeout = absl::Seconds(2);
+  bool held_until_timeout = false;
+  EXPECT_TRUE(StopsWithin(&shipper, flush_timeout, &clock_, [&](const std::atomic<bool>& done) {
+    // Stop cuts the last batch, the stream writes it, and Stop waits for its acknowledgement.
+    if (!WaitFor([&] {
+          return collector.batches().size() == 1 && clock_.next_deadline() == start + flush_timeout;
+        })) {
+      return;
+    }
+    clock_.AdvanceTime(flush_timeout - absl::Milliseconds(1));
+    // Still waiting: its deadline not reached, its condition (all acknowledged) still false.
+    held_until_timeout =
+        !done && clock_.next_deadline() == start + flush_timeout && shipper.stats().connected;
+    clock_.AdvanceTime(absl::Milliseconds(1));
+  }));
+  EXPECT_TRUE(held_until_timeout);
+  EXPECT_EQ(clock_.TimeNow(), start + flush_timeout);
+  EXPECT_EQ(shipper.stats().buffered_batches, 1u);
+  EXPECT_EQ(AsSet(collector.unique_steps()), std::set<int64_t>({7}));
+}
+
+TEST_F(ShipperTest, RejectsBadOptions) {
   ShipperOptions o = Options(1);
   o.agent_id.clear();
   EXPECT_FALSE(Shipper(o, nullptr, nullptr).Start().ok());
@@ -504,7 +652,7 @@ TEST(ShipperTest, RejectsBadOptions) {
 
 // A spooled shipper that dies before the collector acknowledges anything: the next one, on the
 // same directory, sends those batches first under the same boot_id and seqs, then its own above.
-TEST(ShipperTest, SpooledBatchesOutliveTheShipperAndKeepTheirIds) {
+TEST_F(ShipperTest, SpooledBatchesOutliveTheShipperAndKeepTheirIds) {
   const std::string dir = testing::MakeTempDir();
   ASSERT_FALSE(dir.empty());
   SpoolOptions spool_options;
@@ -541,7 +689,7 @@ TEST(ShipperTest, SpooledBatchesOutliveTheShipperAndKeepTheirIds) {
   ASSERT_TRUE(shipper.Start().ok());
   shipper.AddStep(Step(6));
   shipper.FlushNow();
-  ASSERT_TRUE(WaitFor([&] { return shipper.stats().buffered_batches == 0; }));
+  ASSERT_TRUE(AdvanceUntil([&] { return shipper.stats().buffered_batches == 0; }));
   EXPECT_EQ((*spool)->stats().batches, 0u);
   EXPECT_EQ((*spool)->stats().replayed_batches_total, 3u);
   std::vector<uint64_t> seqs;
@@ -563,7 +711,7 @@ TEST(ShipperTest, SpooledBatchesOutliveTheShipperAndKeepTheirIds) {
 
 // The spool holds what the buffer holds: beyond the byte bound the oldest batches leave both,
 // counted, and the next process replays only the newest.
-TEST(ShipperTest, FullSpoolDropsOldestFirstAndCountsThem) {
+TEST_F(ShipperTest, FullSpoolDropsOldestFirstAndCountsThem) {
   const std::string dir = testing::MakeTempDir();
   ASSERT_FALSE(dir.empty());
   SpoolOptions spool_options;

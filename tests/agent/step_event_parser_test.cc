@@ -4,6 +4,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/data/step_event_cases.h"
 
 namespace stepwatch::agent {
 namespace {
@@ -48,10 +49,10 @@ TEST(StepEventParserTest, AcceptsAllFields) {
   EXPECT_EQ(e.rank(), 3);
   EXPECT_EQ(e.world_size(), 8);
   EXPECT_EQ(e.step(), 120);
-  EXPECT_DOUBLE_EQ(e.step_s(), 0.5);
-  EXPECT_DOUBLE_EQ(e.data_s(), 0.01);
-  EXPECT_DOUBLE_EQ(e.compute_s(), 0.4);
-  EXPECT_DOUBLE_EQ(e.comm_s(), 0.09);
+  EXPECT_DOUBLE_EQ(e.step_seconds(), 0.5);
+  EXPECT_DOUBLE_EQ(e.data_seconds(), 0.01);
+  EXPECT_DOUBLE_EQ(e.compute_seconds(), 0.4);
+  EXPECT_DOUBLE_EQ(e.comm_seconds(), 0.09);
   EXPECT_EQ(e.samples(), 32);
   EXPECT_EQ(e.local_rank(), 3);
   EXPECT_EQ(e.gpu(), 3);
@@ -65,12 +66,12 @@ TEST(StepEventParserTest, OptionalFieldsStayAbsent) {
   v1::StepEvent e;
   ASSERT_FALSE(
       ParseStepEvent(R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1})", &e).has_value());
-  EXPECT_FALSE(e.has_data_s());
-  EXPECT_FALSE(e.has_compute_s());
-  EXPECT_FALSE(e.has_comm_s());
+  EXPECT_FALSE(e.has_data_seconds());
+  EXPECT_FALSE(e.has_compute_seconds());
+  EXPECT_FALSE(e.has_comm_seconds());
   EXPECT_FALSE(e.has_samples());
   EXPECT_FALSE(e.has_gpu());
-  EXPECT_DOUBLE_EQ(e.step_s(), 1.0);  // an integral literal is fine for a double field
+  EXPECT_DOUBLE_EQ(e.step_seconds(), 1.0);  // an integral literal is fine for a double field
 }
 
 TEST(StepEventParserTest, AcceptsLowerCamelCase) {
@@ -81,8 +82,8 @@ TEST(StepEventParserTest, AcceptsLowerCamelCase) {
                               &e)
                    .has_value());
   EXPECT_EQ(e.world_size(), 2);
-  EXPECT_DOUBLE_EQ(e.step_s(), 0.2);
-  EXPECT_DOUBLE_EQ(e.data_s(), 0.1);
+  EXPECT_DOUBLE_EQ(e.step_seconds(), 0.2);
+  EXPECT_DOUBLE_EQ(e.data_seconds(), 0.1);
   EXPECT_EQ(e.local_rank(), 1);
   EXPECT_EQ(e.pp_stage(), 2);
   EXPECT_EQ(e.tp_rank(), 3);
@@ -102,7 +103,7 @@ TEST(StepEventParserTest, IgnoresUnknownFieldsAndSenderOwnedOnes) {
 TEST(StepEventParserTest, NullMeansAbsent) {
   v1::StepEvent e;
   ASSERT_FALSE(ParseStepEvent(WithField("data_s", "null"), &e).has_value());
-  EXPECT_FALSE(e.has_data_s());
+  EXPECT_FALSE(e.has_data_seconds());
   EXPECT_EQ(ReasonOf(WithField("rank", "null")), RejectReason::kMissingField);
 }
 
@@ -199,6 +200,27 @@ TEST(StepEventParserTest, RejectsAbsurdValuesAndControlCharacters) {
   EXPECT_FALSE(ParseStepEvent(WithField("step_s", "86400"), &e).has_value());
 }
 
+// The shared table (tests/data/step_event_cases.json), which the clients' tests run too: both
+// parser paths give each case its expected verdict, refusals as out_of_range or not_json (NaN and
+// infinities are not JSON), naming the field the table names.
+TEST(StepEventParserTest, SharedEdgeCases) {
+  const std::vector<test::StepEventCase> cases = test::LoadStepEventCases();
+  ASSERT_GE(cases.size(), 40u);
+  for (const test::StepEventCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string datagram = test::EncodeDatagram(c);
+    for (bool fast : {true, false}) {
+      v1::StepEvent e;
+      const std::optional<Rejection> r =
+          fast ? ParseStepEvent(datagram, &e) : ParseStepEventWithoutFastPath(datagram, &e);
+      EXPECT_EQ(!r.has_value(), c.accept) << datagram << (r ? ": " + r->detail : "");
+      if (!r || r->reason == RejectReason::kNotJson) continue;
+      EXPECT_EQ(r->reason, RejectReason::kOutOfRange) << r->detail;
+      EXPECT_EQ(r->detail.rfind(c.field, 0), 0u) << r->detail;
+    }
+  }
+}
+
 TEST(StepEventParserTest, RejectsDuplicateSpellings) {
   EXPECT_EQ(ReasonOf(R"({"job":"j","rank":0,"world_size":1,"worldSize":1,"step":0,"step_s":1})"),
             RejectReason::kDuplicateField);
@@ -228,7 +250,7 @@ TEST(StepEventParserTest, ClearsThePreviousEvent) {
   ASSERT_FALSE(ParseStepEvent(kValid, &e).has_value());
   ASSERT_FALSE(
       ParseStepEvent(R"({"job":"k","rank":0,"world_size":1,"step":0,"step_s":1})", &e).has_value());
-  EXPECT_FALSE(e.has_data_s());
+  EXPECT_FALSE(e.has_data_seconds());
   EXPECT_EQ(e.job(), "k");
 }
 

@@ -41,27 +41,43 @@ TEST(CauseScenariosTest, UnevenWorkAtFullClocksIsMoreWork) {
   auto eps = EpisodesOf("more-work-one-rank", analysis::FindingKind::kStraggler);
   ASSERT_EQ(eps.size(), 1u);
   EXPECT_EQ(eps[0].rank, 11);
-  EXPECT_THAT(eps[0].summary, HasSubstr("more work than its peers at full clocks"));
+  EXPECT_EQ(eps[0].cause, analysis::Cause::kMoreWork) << eps[0].summary;
+  ASSERT_EQ(eps[0].evidence.devices.size(), 1u);
+  const analysis::DeviceEvidence& d = eps[0].evidence.devices[0];
+  EXPECT_FALSE(d.throttle_reasons.has_value()) << "throttled, yet more work";
+  EXPECT_GE(d.sm_activity_ratio.value_or(d.utilization_ratio.value_or(0)),
+            analysis::EngineOptions().underutil_threshold);
+  EXPECT_GT(eps[0].evidence.compute_vs_median_ratio.value_or(0), 1);
 }
 
 TEST(CauseScenariosTest, ThrottledGpuIsASlowerGpu) {
   auto eps = EpisodesOf("throttled-gpu-mild", analysis::FindingKind::kStraggler);
   ASSERT_EQ(eps.size(), 1u);
   EXPECT_EQ(eps[0].rank, 9);
+  EXPECT_EQ(eps[0].cause, analysis::Cause::kThermalThrottling) << eps[0].summary;
+  ASSERT_EQ(eps[0].evidence.devices.size(), 1u);
+  const analysis::DeviceEvidence& d = eps[0].evidence.devices[0];
+  ASSERT_TRUE(d.sm_clock_mhz && d.sm_clock_max_mhz) << eps[0].summary;
+  EXPECT_LT(*d.sm_clock_mhz, analysis::EngineOptions().low_clock_ratio * *d.sm_clock_max_mhz);
+  EXPECT_NE(d.throttle_reasons.value_or(0) & 0x60, 0u) << "no thermal throttle reason";
+  EXPECT_GT(d.temperature_celsius.value_or(0), 80) << "the hot GPU's temperature is evidence";
+  // The same evidence, rendered.
   EXPECT_THAT(eps[0].summary, HasSubstr("slower GPU: SM clock"));
-  EXPECT_THAT(eps[0].summary, HasSubstr("thermal throttling"));
 }
 
 // A regression names what rose with the step time, not merely the largest share of it.
 TEST(CauseScenariosTest, RegressionNamesWhatRose) {
   auto comm = EpisodesOf("comm-slowdown-2x", analysis::FindingKind::kRegression);
   ASSERT_FALSE(comm.empty());
-  EXPECT_THAT(comm[0].summary, HasSubstr("largest rise: exposed communication"));
+  EXPECT_EQ(comm[0].cause, analysis::Cause::kExposedComm) << comm[0].summary;
+  EXPECT_GT(comm[0].evidence.rise_seconds.value_or(0), 0);
   auto data = EpisodesOf("data-stall", analysis::FindingKind::kRegression);
   ASSERT_FALSE(data.empty());
-  EXPECT_THAT(data[0].summary, HasSubstr("largest rise: data loading"));
+  EXPECT_EQ(data[0].cause, analysis::Cause::kDataLoading) << data[0].summary;
+  EXPECT_GT(data[0].evidence.rise_seconds.value_or(0), 0);
   auto slow = EpisodesOf("slow-rank-30pct", analysis::FindingKind::kRegression);
   ASSERT_FALSE(slow.empty());
+  EXPECT_EQ(slow[0].cause, analysis::Cause::kImbalance) << slow[0].summary;
   EXPECT_THAT(slow[0].summary, HasSubstr("largest rise: waiting for slower ranks"));
 }
 

@@ -54,8 +54,8 @@ TEST(ScenarioTest, GeneratesDeterministicStreamsWithTruth) {
     ASSERT_EQ(ta.unix_nanos, tb.unix_nanos);
     ASSERT_EQ(ta.samples.size(), tb.samples.size());
     for (size_t i = 0; i < ta.samples.size(); ++i) {
-      EXPECT_EQ(ta.samples[i].step_s, tb.samples[i].step_s);
-      EXPECT_EQ(ta.samples[i].compute_s, tb.samples[i].compute_s);
+      EXPECT_EQ(ta.samples[i].step_seconds, tb.samples[i].step_seconds);
+      EXPECT_EQ(ta.samples[i].compute_seconds, tb.samples[i].compute_seconds);
     }
     if (ta.step >= 30 && ta.step < 35) {
       EXPECT_TRUE(ta.samples.empty());  // hung
@@ -66,8 +66,8 @@ TEST(ScenarioTest, GeneratesDeterministicStreamsWithTruth) {
       EXPECT_EQ(*s5.gpu, 1);
       EXPECT_EQ(s5.pid, 10005);
       // Synchronous: every rank reports the same step time; the split adds up to it.
-      EXPECT_DOUBLE_EQ(s5.step_s, ta.samples[0].step_s);
-      EXPECT_NEAR(*s5.data_s + *s5.compute_s + *s5.comm_s, s5.step_s, 1e-9);
+      EXPECT_DOUBLE_EQ(s5.step_seconds, ta.samples[0].step_seconds);
+      EXPECT_NEAR(*s5.data_seconds + *s5.compute_seconds + *s5.comm_seconds, s5.step_seconds, 1e-9);
     } else {
       EXPECT_EQ(ta.samples.size(), 16u);  // rescaled to 4 nodes
       EXPECT_EQ(ta.world_size, 16);

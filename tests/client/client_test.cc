@@ -136,7 +136,7 @@ TEST(ClientReporterTest, LeavesOutAbsentFieldsAndRoundTripsDoubles) {
 TEST(ClientReporterTest, EscapesTheJobId) {
   FakeAgent agent;
   ReporterOptions o = Options(agent);
-  o.job = std::string("a \"quoted\"\\job\n\x01", 16);
+  o.job = "a \"quoted\"\\job/mod\xc3\xa8le";
   Reporter reporter(o);
   StepRecord r;
   r.step_s = 0.5;
@@ -144,6 +144,11 @@ TEST(ClientReporterTest, EscapesTheJobId) {
   json::Value v = ParseEvent(agent.Recv());
   ASSERT_TRUE(v.is_object());
   EXPECT_EQ(v.Find("job")->as_string(), o.job);
+  // Control characters the agent would refuse (docs/step-event.md): refused here, said why.
+  o.job = std::string("job\n\x01", 5);
+  Reporter refused(o);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().find("control character"), std::string::npos) << refused.error();
 }
 
 TEST(ClientReporterTest, DropsInvalidRecordsWithoutSending) {

@@ -1,5 +1,8 @@
 #include "collector/convert.h"
 
+#include <vector>
+
+#include "analysis/engine.h"
 #include "gtest/gtest.h"
 
 namespace stepwatch::collector {
@@ -11,23 +14,23 @@ TEST(ConvertTest, StepEventKeepsPresenceOfOptionalFields) {
   e.set_rank(3);
   e.set_world_size(8);
   e.set_step(42);
-  e.set_step_s(0.25);
-  e.set_compute_s(0.2);
-  e.set_comm_s(0.0);  // present and zero is not the same as absent
+  e.set_step_seconds(0.25);
+  e.set_compute_seconds(0.2);
+  e.set_comm_seconds(0.0);  // present and zero is not the same as absent
   e.set_pp_stage(1);
   e.set_pid(99);
   e.set_received_unix_nanos(123);
-  analysis::StepSample s = ToStepSample(e, "node-1", 777);
+  analysis::StepEvent s = ToStepSample(e, "node-1", 777);
   EXPECT_EQ(s.job, "j");
   EXPECT_EQ(s.rank, 3);
   EXPECT_EQ(s.world_size, 8);
   EXPECT_EQ(s.step, 42);
-  EXPECT_DOUBLE_EQ(s.step_s, 0.25);
-  ASSERT_TRUE(s.compute_s.has_value());
-  EXPECT_DOUBLE_EQ(*s.compute_s, 0.2);
-  ASSERT_TRUE(s.comm_s.has_value());
-  EXPECT_EQ(*s.comm_s, 0.0);
-  EXPECT_FALSE(s.data_s.has_value());
+  EXPECT_DOUBLE_EQ(s.step_seconds, 0.25);
+  ASSERT_TRUE(s.compute_seconds.has_value());
+  EXPECT_DOUBLE_EQ(*s.compute_seconds, 0.2);
+  ASSERT_TRUE(s.comm_seconds.has_value());
+  EXPECT_EQ(*s.comm_seconds, 0.0);
+  EXPECT_FALSE(s.data_seconds.has_value());
   EXPECT_FALSE(s.samples.has_value());
   EXPECT_FALSE(s.gpu.has_value());
   EXPECT_EQ(s.pp_stage, 1);
@@ -40,18 +43,18 @@ TEST(ConvertTest, StepEventKeepsPresenceOfOptionalFields) {
 TEST(ConvertTest, FillStepSampleClearsFieldsOfThePreviousEvent) {
   v1::StepEvent a;
   a.set_job("first");
-  a.set_step_s(1);
-  a.set_data_s(0.5);
+  a.set_step_seconds(1);
+  a.set_data_seconds(0.5);
   a.set_gpu(2);
   v1::StepEvent b;
   b.set_job("second");
-  b.set_step_s(2);
-  analysis::StepSample s;
+  b.set_step_seconds(2);
+  analysis::StepEvent s;
   FillStepSample(a, "n", 5, &s);
-  ASSERT_TRUE(s.data_s.has_value());
+  ASSERT_TRUE(s.data_seconds.has_value());
   FillStepSample(b, "n", 5, &s);
   EXPECT_EQ(s.job, "second");
-  EXPECT_FALSE(s.data_s.has_value());
+  EXPECT_FALSE(s.data_seconds.has_value());
   EXPECT_FALSE(s.gpu.has_value());
   EXPECT_EQ(s.received_unix_nanos, 5);  // not stamped by the agent: the default
 }
@@ -66,7 +69,7 @@ TEST(ConvertTest, GpuSample) {
   g.set_throttle_reasons(0x20);
   g.add_pids(7);
   g.add_pids(8);
-  analysis::GpuReading r = ToGpuReading(g, "node-2");
+  analysis::GpuSample r = ToGpuReading(g, "node-2");
   EXPECT_EQ(r.node, "node-2");
   EXPECT_EQ(r.index, 5);
   EXPECT_EQ(r.sampled_unix_nanos, 10);
@@ -83,7 +86,7 @@ TEST(ConvertTest, HostSample) {
   v1::HostSample h;
   h.set_cpu_count(64);
   h.set_cpu_utilization_ratio(0.9);
-  analysis::HostReading r = ToHostReading(h, "n");
+  analysis::HostSample r = ToHostReading(h, "n");
   EXPECT_EQ(r.cpu_count, 64u);
   EXPECT_EQ(r.cpu_utilization_ratio, 0.9);
   EXPECT_FALSE(r.memory_bandwidth_bytes_per_second.has_value());
@@ -97,6 +100,86 @@ TEST(ConvertTest, RankExitTimeFallsBackWhenUnstamped) {
   EXPECT_EQ(ExitedUnixNanos(x, 99), 1234);
   x.clear_exited_unix_nanos();
   EXPECT_EQ(ExitedUnixNanos(x, 99), 99);
+}
+
+TEST(ConvertTest, FindingEvidenceKeepsWhatIsSetAndOnlyThat) {
+  analysis::Finding f;
+  f.kind = analysis::FindingKind::kStraggler;
+  f.evidence.compute_vs_median_ratio = 1.31;
+  f.evidence.busy_vs_median_ratio = 1.2;
+  f.evidence.exited_ranks = {3, 7};
+  analysis::DeviceEvidence d;
+  d.rank = 13;
+  d.node = "node-2";
+  d.gpu = 5;
+  d.sm_clock_mhz = 1410;
+  d.sm_clock_max_mhz = 1980;
+  d.throttle_reasons = 0x20;
+  d.temperature_celsius = 91;
+  d.host_cpu_ratio = 0.0;  // set and zero is not the same as unset
+  f.evidence.devices.push_back(d);
+  analysis::DeviceEvidence host;
+  host.node = "node-2";
+  f.evidence.devices.push_back(host);
+  v1::Finding p;
+  ToProto(f, &p);
+  ASSERT_TRUE(p.has_evidence());
+  const v1::FindingEvidence& e = p.evidence();
+  ASSERT_TRUE(e.has_compute_vs_median_ratio());
+  EXPECT_DOUBLE_EQ(e.compute_vs_median_ratio(), 1.31);
+  EXPECT_DOUBLE_EQ(e.busy_vs_median_ratio(), 1.2);
+  EXPECT_FALSE(e.has_data_excess_seconds());
+  EXPECT_FALSE(e.has_stall_limit_seconds());
+  EXPECT_FALSE(e.has_slow_rank_count());
+  EXPECT_EQ(e.exited_ranks_size(), 2);
+  EXPECT_EQ(e.exited_ranks(1), 7);
+  ASSERT_EQ(e.devices_size(), 2);
+  const v1::DeviceEvidence& pd = e.devices(0);
+  EXPECT_EQ(pd.rank(), 13);
+  EXPECT_EQ(pd.node(), "node-2");
+  EXPECT_EQ(pd.gpu(), 5);
+  EXPECT_DOUBLE_EQ(pd.sm_clock_mhz(), 1410);
+  EXPECT_DOUBLE_EQ(pd.sm_clock_max_mhz(), 1980);
+  EXPECT_EQ(pd.throttle_reasons(), 0x20u);
+  EXPECT_DOUBLE_EQ(pd.temperature_celsius(), 91);
+  ASSERT_TRUE(pd.has_host_cpu_ratio());
+  EXPECT_EQ(pd.host_cpu_ratio(), 0.0);
+  EXPECT_FALSE(pd.has_power_watts());
+  EXPECT_FALSE(pd.has_utilization_ratio());
+  EXPECT_EQ(e.devices(1).gpu(), -1);
+  EXPECT_EQ(e.devices(1).rank(), -1);
+  EXPECT_FALSE(e.devices(1).has_host_cpu_ratio());
+}
+
+// An engine finding carries its evidence through: a stall's figures reach the proto.
+TEST(ConvertTest, EngineStallEvidenceReachesTheProto) {
+  analysis::Engine engine;
+  constexpr int64_t kSecond = 1'000'000'000;
+  for (int64_t step = 0; step < 5; ++step) {
+    for (int rank = 0; rank < 2; ++rank) {
+      analysis::StepEvent s;
+      s.job = "j";
+      s.rank = rank;
+      s.world_size = 2;
+      s.step = step;
+      s.step_seconds = 1.0;
+      s.node = "node-0";
+      s.received_unix_nanos = (step + 1) * kSecond;
+      ASSERT_TRUE(engine.AddStep(s).ok());
+    }
+  }
+  engine.Advance(5 * kSecond + 40 * kSecond);
+  std::vector<analysis::Finding> found = engine.Findings();
+  ASSERT_EQ(found.size(), 1u);
+  v1::Finding p;
+  ToProto(found[0], &p);
+  EXPECT_EQ(p.kind(), "stall");
+  EXPECT_DOUBLE_EQ(p.evidence().stall_limit_seconds(), 30);
+  EXPECT_DOUBLE_EQ(p.evidence().median_step_seconds(), 1.0);
+  EXPECT_EQ(p.evidence().waiting_rank_count(), 2);
+  EXPECT_EQ(p.evidence().silent_rank_count(), 0);
+  EXPECT_FALSE(p.evidence().has_busy_vs_median_ratio());
+  EXPECT_EQ(p.summary(), found[0].summary);
 }
 
 TEST(ConvertTest, FindingAndSnapshotsToProto) {
@@ -125,7 +208,7 @@ TEST(ConvertTest, FindingAndSnapshotsToProto) {
   j.job = "j";
   j.world_size = 16;
   j.last_step = 9;
-  j.median_step_s = 0.5;
+  j.median_step_seconds = 0.5;
   j.steps_per_second = 2;
   j.efficiency_ratio = 0.75;
   v1::JobStatus js;
@@ -138,7 +221,7 @@ TEST(ConvertTest, FindingAndSnapshotsToProto) {
 
   analysis::RankSnapshot r;
   r.rank = 4;
-  r.busy_s = 0.3;
+  r.busy_seconds = 0.3;
   r.busy_vs_median_ratio = 1.3;
   r.straggler = true;
   v1::RankRow row;

@@ -88,6 +88,7 @@ TEST(MemoryBudgetTest, NodesAndGpusAreCharged) {
   for (int g = 0; g < 4; ++g) b.add_gpus()->set_index(g);
   ASSERT_TRUE(state.Apply(b).ok());
   ASSERT_TRUE(state.Apply(EmptyBatch("n1", 1)).ok());
+  state.Tick();  // readers see what the last Tick published
   StateSnapshot s = state.Snapshot();
   ASSERT_EQ(s.nodes.size(), 1u);
   EXPECT_EQ(s.nodes[0].gpus.size(), 2u);
@@ -109,6 +110,7 @@ TEST(MemoryBudgetTest, ChargesAreReturnedWhenJobsAndNodesAreForgotten) {
   EXPECT_EQ(state.MemoryAccountedBytes(), 0);
   // The room is free again for a new job.
   ASSERT_TRUE(state.Apply(StepBatch("n1", 1, "new", 4, 0, 0.1)).ok());
+  state.Tick();
   StateSnapshot s = state.Snapshot();
   ASSERT_EQ(s.jobs.size(), 1u);
   EXPECT_EQ(s.jobs[0].job, "new");
@@ -125,12 +127,60 @@ TEST(MemoryBudgetTest, RescaledJobIsChargedForItsLargerWorld) {
   EXPECT_EQ(state.MemoryAccountedBytes(), c.node + JobCost(c, 4));
 }
 
+// The steps of `ranks` of a StepBatch, as sent by `node`.
+v1::ReportBatch RanksFrom(const std::string& node, uint64_t seq, const std::string& job,
+                          int world_size, int64_t step, const std::vector<int>& ranks) {
+  v1::ReportBatch all = StepBatch(node, seq, job, world_size, step, 0.1);
+  v1::ReportBatch b = all;
+  b.clear_steps();
+  for (int r : ranks) *b.add_steps() = all.steps(r);
+  return b;
+}
+
+// The engine's registry is the one record of ranks: when a node is forgotten, its ranks leave the
+// engine and their charges together, and they are admitted (and charged) afresh when they return.
+TEST(MemoryBudgetTest, ForgettingANodeReturnsItsRanksCharges) {
+  FakeClock clock;
+  CollectorStateOptions o;
+  const MemoryCosts c = MemoryCostsFor(o.engine);
+  o.expire_nanos = 60 * kSecond;
+  o.max_memory_bytes = 2 * c.node + JobCost(c, 4);
+  CollectorState state(o, &clock);
+  ASSERT_TRUE(state.Apply(RanksFrom("n0", 1, "job", 4, 0, {0, 1})).ok());
+  ASSERT_TRUE(state.Apply(RanksFrom("n1", 1, "job", 4, 0, {2, 3})).ok());
+  EXPECT_EQ(state.MemoryAccountedBytes(), o.max_memory_bytes);
+  clock.Advance(40 * kSecond);
+  ASSERT_TRUE(state.Apply(RanksFrom("n1", 2, "job", 4, 1, {2, 3})).ok());
+  clock.Advance(30 * kSecond);  // n0 unseen for 70 s, the job for 30 s
+  state.Tick();
+  EXPECT_EQ(state.MemoryAccountedBytes(), c.node + JobCost(c, 4) - 2 * c.rank);
+  absl::StatusOr<v1::ExplainResponse> explain = state.Explain("job");
+  ASSERT_TRUE(explain.ok()) << explain.status();
+  ASSERT_EQ(explain->ranks_size(), 2);
+  EXPECT_EQ(explain->ranks(0).rank(), 2);
+  EXPECT_EQ(explain->ranks(1).rank(), 3);
+  // Ranks 0 and 1 come back from another node: within the budget again, charged again.
+  ASSERT_TRUE(state.Apply(RanksFrom("n2", 1, "job", 4, 2, {0, 1})).ok());
+  EXPECT_EQ(state.MemoryAccountedBytes(), o.max_memory_bytes);
+  state.Tick();
+  StateSnapshot s = state.Snapshot();
+  EXPECT_EQ(Count(s.counters.limit_hits, "memory"), 0u);
+  explain = state.Explain("job");
+  ASSERT_TRUE(explain.ok()) << explain.status();
+  EXPECT_EQ(explain->ranks_size(), 4);
+  // A fifth rank of a world of 4 cannot come: a further job would exceed the budget.
+  ASSERT_TRUE(state.Apply(RanksFrom("n2", 2, "other", 1, 0, {0})).ok());
+  state.Tick();
+  EXPECT_EQ(Count(state.Snapshot().counters.limit_hits, "memory"), 1u);
+}
+
 TEST(MemoryBudgetTest, NoBudgetRefusesNothingButStillAccounts) {
   FakeClock clock;
   CollectorState state({}, &clock);
   for (int j = 0; j < 20; ++j) {
     ASSERT_TRUE(state.Apply(StepBatch("n0", j + 1, "job" + std::to_string(j), 64, 0, 0.1)).ok());
   }
+  state.Tick();
   StateSnapshot s = state.Snapshot();
   EXPECT_EQ(s.jobs.size(), 20u);
   EXPECT_EQ(Count(s.counters.limit_hits, "memory"), 0u);
@@ -187,10 +237,10 @@ TEST(MemoryBudgetTest, LargestAgentBatchFitsTheReceiveLimit) {
     e->set_step(INT64_MAX);
     e->set_samples(INT64_MAX);
     e->set_received_unix_nanos(INT64_MAX);
-    e->set_step_s(0.1);
-    e->set_data_s(0.1);
-    e->set_compute_s(0.1);
-    e->set_comm_s(0.1);
+    e->set_step_seconds(0.1);
+    e->set_data_seconds(0.1);
+    e->set_compute_seconds(0.1);
+    e->set_comm_seconds(0.1);
   }
   for (int g = 0; g < 64; ++g) {
     v1::GpuSample* s = b.add_gpus();
@@ -222,6 +272,7 @@ TEST(MemoryBudgetTest, StatusAnswerStaysUnderItsSizeLimit) {
     }
     ASSERT_TRUE(state.Apply(b).ok());
   }
+  state.Tick();
   const v1::StatusResponse status = state.Status();
   EXPECT_EQ(status.jobs_size(), 1);
   EXPECT_GT(status.nodes_size(), 0);

@@ -43,7 +43,7 @@ StateSnapshot SampleSnapshot() {
   j.world_size = 16;
   j.ranks_reporting = 16;
   j.last_step = 420;
-  j.median_step_s = 0.2;
+  j.median_step_seconds = 0.2;
   j.steps_per_second = 5;
   j.efficiency_ratio = 0.8;
   j.breakdown = {0.6, 0.2, 0.1, 0.05, 0.05};
@@ -88,7 +88,7 @@ StateSnapshot SampleSnapshot() {
   analysis::RankSnapshot slow;
   slow.rank = 13;
   slow.node = "node-2";
-  slow.busy_s = 0.131;
+  slow.busy_seconds = 0.131;
   slow.busy_vs_median_ratio = 1.31;
   slow.straggler = true;
   s.top_ranks.emplace_back("resnet", slow);
@@ -391,6 +391,7 @@ TEST(MetricsTest, CollectableSumsTotalCapDropsOverScrapes) {
   FakeClock clock;
   CollectorState state({}, &clock);
   ASSERT_TRUE(state.Apply(testing::StepBatch("n0", 1, "a", 8, 0, 0.1)).ok());
+  state.Tick();  // scrapes read what the last Tick published
   MetricsOptions o;
   o.max_series = 3;
   StateCollectable collectable(&state, o);

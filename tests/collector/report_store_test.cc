@@ -26,7 +26,7 @@ analysis::JobSnapshot Snap(const std::string& job, int64_t last_step, bool split
   s.job = job;
   s.world_size = 8;
   s.last_step = last_step;
-  s.median_step_s = 0.5;
+  s.median_step_seconds = 0.5;
   s.split_known = split_known;
   if (split_known) {
     s.efficiency_ratio = 0.8;
@@ -305,8 +305,8 @@ TEST(ReportStoreTest, CollectorKeepsTheReportOfAFinishedJob) {
     x->set_pid(100 + rank);
   }
   ASSERT_TRUE(state.Apply(exits).ok());
-  EXPECT_EQ(state.Status().jobs_size(), 0);
   state.Tick();
+  EXPECT_EQ(state.Status().jobs_size(), 0);
   absl::StatusOr<v1::JobReport> r = state.reports().Get("job");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->state(), "finished");

@@ -70,7 +70,8 @@ class ServerTest : public ::testing::Test {
     return ctx;
   }
 
-  FakeClock clock_;
+  // Drives the state's time and the server's ticker: ticks happen only as a test moves it.
+  SimulatedClock clock_;
   std::string state_dir_;
   std::unique_ptr<CollectorServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -125,6 +126,7 @@ TEST_F(ServerTest, IngestStreamAcksAndIgnoresDuplicates) {
   EXPECT_TRUE(stream->Finish().ok());
   EXPECT_TRUE(WaitFor([&] { return server_->state()->Snapshot().agents_connected == 0; }));
 
+  server_->state()->Tick();  // readers see what the last Tick published
   StateSnapshot s = server_->state()->Snapshot();
   EXPECT_EQ(s.counters.batches_received, 5u);
   EXPECT_EQ(s.counters.duplicate_batches, 1u);
@@ -141,6 +143,7 @@ TEST_F(ServerTest, MalformedBatchEndsTheStreamWithInvalidArgument) {
   v1::IngestAck ack;
   EXPECT_FALSE(stream->Read(&ack));
   EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  server_->state()->Tick();
   EXPECT_EQ(server_->state()->Snapshot().counters.ingest_errors, 1u);
 }
 
@@ -158,6 +161,7 @@ TEST_F(ServerTest, QueryServiceAnswers) {
     stream->WritesDone();
     ASSERT_TRUE(stream->Finish().ok());
   }
+  server_->state()->Tick();  // queries answer from what the last Tick published
   auto query = v1::Query::NewStub(channel_);
   v1::StatusResponse status;
   ASSERT_TRUE(query->Status(Context().get(), v1::StatusRequest(), &status).ok());
@@ -196,15 +200,18 @@ TEST_F(ServerTest, MetricsScrapeHasDesignNamesAndPassesPromtool) {
     ASSERT_TRUE(stream->Write(b));
     v1::IngestAck ack;
     ASSERT_TRUE(stream->Read(&ack));
-    clock_.Advance(200'000'000);
+    clock_.AdvanceTime(absl::Milliseconds(200));
   }
   std::string body;
-  // The ticker advances the engine; wait until the job-level figures are there.
+  // The ticker advances the engine, one tick per 50 ms of the clock; wait until a tick after the
+  // last batch has published the job-level figures.
   ASSERT_TRUE(WaitFor([&] {
+    clock_.AdvanceTime(absl::Milliseconds(50));
     absl::StatusOr<std::string> got = testing::HttpGet(server_->metrics_port(), "/metrics");
     if (!got.ok()) return false;
     body = *got;
-    return body.find("stepwatch_job_step_seconds{job=\"llm\"}") != std::string::npos;
+    return body.find("stepwatch_job_step_seconds{job=\"llm\"}") != std::string::npos &&
+           body.find("stepwatch_collector_batches_received_total 40") != std::string::npos;
   })) << body;
   for (const char* needle :
        {"# TYPE stepwatch_job_step_seconds gauge", "stepwatch_job_efficiency_ratio{job=\"llm\"}",
@@ -267,6 +274,23 @@ TEST_F(ServerTest, HealthServiceSaysServing) {
   for (const grpc::Slice& s : slices)
     bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+}
+
+// The ticker runs on the server's clock: the state file is saved (besides at shutdown) once the
+// clock has moved a save interval, 60 s by default, and not before.
+TEST_F(ServerTest, TickerSavesTheStateOnTheClocksSchedule) {
+  const std::string path = state_dir_ + "/scaling_history";
+  const absl::Time start = clock_.TimeNow();
+  // The ticker waits for its first tick, 50 ms on.
+  ASSERT_TRUE(WaitFor([&] { return clock_.next_deadline() == start + absl::Milliseconds(50); }));
+  clock_.AdvanceTime(absl::Seconds(59));
+  // It ticked once and waits for the next tick; the save is not due yet.
+  ASSERT_TRUE(WaitFor([&] {
+    return clock_.next_deadline() == start + absl::Seconds(59) + absl::Milliseconds(50);
+  }));
+  EXPECT_FALSE(ReadFile(path).ok());
+  clock_.AdvanceTime(absl::Seconds(1));
+  EXPECT_TRUE(WaitFor([&] { return ReadFile(path).ok(); }));
 }
 
 TEST_F(ServerTest, BusyPortIsAClearError) {

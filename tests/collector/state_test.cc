@@ -1,7 +1,12 @@
 #include "collector/state.h"
 
 #include <algorithm>
+#include <memory>
+#include <string>
+#include <thread>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
 #include "tests/collector/test_util.h"
@@ -37,6 +42,7 @@ TEST(CollectorStateTest, AcksAndIgnoresDuplicateBatches) {
   ack = state.Apply(StepBatch("n0", 1, "job", 2, 0, 0.1));
   ASSERT_TRUE(ack.ok());
   EXPECT_EQ(ack->acked_seq(), 2u);
+  state.Tick();  // readers see what the last Tick published
   StateSnapshot s = state.Snapshot();
   EXPECT_EQ(s.counters.batches_received, 3u);
   EXPECT_EQ(s.counters.duplicate_batches, 1u);
@@ -51,6 +57,7 @@ TEST(CollectorStateTest, RejectsBatchWithoutIdentity) {
   EXPECT_EQ(state.Apply(b).status().code(), absl::StatusCode::kInvalidArgument);
   b = EmptyBatch("n0", 0);
   EXPECT_EQ(state.Apply(b).status().code(), absl::StatusCode::kInvalidArgument);
+  state.Tick();
   EXPECT_EQ(state.Snapshot().counters.ingest_errors, 2u);
 }
 
@@ -60,14 +67,15 @@ TEST(CollectorStateTest, InvalidStepsAreCountedNotFatal) {
   v1::ReportBatch b = StepBatch("n0", 1, "job", 2, 0, 0.1);
   b.mutable_steps(0)->set_rank(7);  // rank >= world_size
   ASSERT_TRUE(state.Apply(b).ok());
+  state.Tick();
   EXPECT_EQ(RejectedFor(state.Snapshot().counters, "invalid"), 1u);
 }
 
 TEST(CollectorStateTest, JobRankAndNodeLimitsAreCounted) {
   FakeClock clock;
   CollectorStateOptions o;
-  o.max_jobs = 1;
-  o.max_ranks_per_job = 2;
+  o.engine.max_jobs = 1;
+  o.engine.max_ranks_per_job = 2;
   o.max_nodes = 1;
   o.max_gpus_per_node = 1;
   CollectorState state(o, &clock);
@@ -79,6 +87,7 @@ TEST(CollectorStateTest, JobRankAndNodeLimitsAreCounted) {
   gpus.add_gpus()->set_index(1);  // over the GPU limit
   ASSERT_TRUE(state.Apply(gpus).ok());
   ASSERT_TRUE(state.Apply(EmptyBatch("n1", 1)).ok());  // node n1 over the limit
+  state.Tick();
   StateSnapshot s = state.Snapshot();
   EXPECT_EQ(LimitHits(s.counters, "ranks_per_job"), 3u);
   EXPECT_EQ(LimitHits(s.counters, "jobs"), 1u);
@@ -110,6 +119,7 @@ TEST(CollectorStateTest, StatusListsJobsAndNodesWithGpusInIndexOrder) {
   later.mutable_gpus(0)->set_utilization_gpu_ratio(0.9);
   ASSERT_TRUE(state.Apply(later).ok());
 
+  state.Tick();
   v1::StatusResponse status = state.Status();
   ASSERT_EQ(status.jobs_size(), 1);
   EXPECT_EQ(status.jobs(0).job(), "job");
@@ -148,6 +158,7 @@ TEST(CollectorStateTest, ExpiresJobsAndNodesUnseenForExpire) {
   // An expired agent's sequence state is forgotten too: it is welcome back from seq 1.
   auto ack = state.Apply(StepBatch("n0", 1, "old", 2, 1, 0.1));
   ASSERT_TRUE(ack.ok());
+  state.Tick();
   EXPECT_EQ(state.Snapshot().counters.duplicate_batches, 0u);
 }
 
@@ -176,6 +187,7 @@ TEST(CollectorStateTest, ANodeCannotEndRanksItNeverReported) {
   *no_pid.add_rank_exits() = Exit("job", 0, /*pid=*/0);
   *no_pid.add_rank_exits() = Exit("job", 1, /*pid=*/0);
   ASSERT_TRUE(state.Apply(no_pid).ok());
+  state.Tick();
   StateSnapshot s = state.Snapshot();
   EXPECT_EQ(Refused(s.counters, "rank_exit_foreign"), 4u);
   EXPECT_EQ(s.counters.jobs_finished, 0u);
@@ -195,6 +207,7 @@ TEST(CollectorStateTest, TimestampsFarFromTheCollectorClockAreReplaced) {
     e.set_received_unix_nanos(clock.NowUnixNanos() + 3600 * kSecond);
   }
   ASSERT_TRUE(state.Apply(fast).ok());
+  state.Tick();
   EXPECT_EQ(state.Snapshot().counters.clock_skew_corrected, 4u);
   // Another job's ranks arrive one batch each, as through different agents: still one step.
   for (int step = 0; step < 40; ++step) {
@@ -208,6 +221,7 @@ TEST(CollectorStateTest, TimestampsFarFromTheCollectorClockAreReplaced) {
     }
     clock.Advance(kSecond / 10);
   }
+  state.Tick();
   const v1::FindingsResponse findings = state.Findings("slow-job");
   ASSERT_EQ(findings.findings_size(), 1);
   EXPECT_EQ(findings.findings(0).kind(), "straggler");
@@ -226,6 +240,7 @@ TEST(CollectorStateTest, ExtremeTimestampsAreReplacedWithoutOverflow) {
   gpu->set_index(0);
   gpu->set_sampled_unix_nanos(INT64_MIN);
   ASSERT_TRUE(state.Apply(b).ok());
+  state.Tick();
   const StateSnapshot s = state.Snapshot();
   EXPECT_EQ(s.counters.clock_skew_corrected, 3u);
   EXPECT_EQ(s.counters.steps_received, 2u);
@@ -236,6 +251,7 @@ TEST(CollectorStateTest, NamesWithControlCharactersAreRefused) {
   CollectorState state({}, &clock);
   ASSERT_TRUE(state.Apply(StepBatch("n0", 1, "evil\x1b[2J", 2, 0, 0.1)).ok());
   ASSERT_TRUE(state.Apply(StepBatch("n0", 2, std::string(300, 'j'), 2, 0, 0.1)).ok());
+  state.Tick();
   EXPECT_EQ(RejectedFor(state.Snapshot().counters, "invalid"), 4u);
   EXPECT_EQ(state.Status().jobs_size(), 0);
   EXPECT_EQ(state.Apply(StepBatch("node\x07", 1, "job", 2, 0, 0.1)).status().code(),
@@ -254,6 +270,7 @@ TEST(CollectorStateTest, JobWhoseRanksAllExitedIsForgottenWithoutAStall) {
     ASSERT_TRUE(state.Apply(StepBatch("n0", ++seq, "hung", 2, step, 0.1)).ok());
     clock.Advance(kSecond / 5);
   }
+  state.Tick();
   ASSERT_EQ(state.Status().jobs_size(), 2);
   // Both ranks of "done" exited; one rank of "hung" did, the other hangs on.
   v1::ReportBatch exits = EmptyBatch("n0", ++seq);
@@ -262,6 +279,7 @@ TEST(CollectorStateTest, JobWhoseRanksAllExitedIsForgottenWithoutAStall) {
   *exits.add_rank_exits() = Exit("hung", 1);
   ASSERT_TRUE(state.Apply(exits).ok());
   ASSERT_TRUE(state.Apply(exits).ok());  // resent: ignored as a duplicate
+  state.Tick();
   v1::StatusResponse status = state.Status();
   ASSERT_EQ(status.jobs_size(), 1);
   EXPECT_EQ(status.jobs(0).job(), "hung");
@@ -318,6 +336,131 @@ TEST(CollectorStateTest, StragglerReachesFindingsAndExplain) {
   ASSERT_TRUE(snap.detector_timings.count("straggler") == 1);
   EXPECT_GT(snap.detector_timings.at("straggler").runs, 0);
   EXPECT_TRUE(snap.detector_timings.count("gpu_utilization") == 1);
+}
+
+// One set of limits, the engine's: 100,000 ranks per job by default.
+TEST(CollectorStateTest, RanksPerJobLimitIsTheEnginesDefault) {
+  FakeClock clock;
+  CollectorState state({}, &clock);
+  v1::ReportBatch b = StepBatch("n0", 1, "big", 1, 0, 0.1);
+  b.mutable_steps(0)->set_world_size(100'000);
+  *b.add_steps() = b.steps(0);
+  b.mutable_steps(1)->set_job("bigger");
+  b.mutable_steps(1)->set_world_size(100'001);
+  ASSERT_TRUE(state.Apply(b).ok());
+  state.Tick();
+  const StateSnapshot s = state.Snapshot();
+  ASSERT_EQ(s.jobs.size(), 1u);
+  EXPECT_EQ(s.jobs[0].job, "big");
+  EXPECT_EQ(s.jobs[0].world_size, 100'000);
+  EXPECT_EQ(LimitHits(s.counters, "ranks_per_job"), 1u);
+}
+
+TEST(CollectorStateTest, LimitRefusalsAreLoggedOnceNamingTheFlag) {
+  FakeClock clock;
+  CollectorStateOptions o;
+  o.engine.max_jobs = 1;
+  CollectorState state(o, &clock);
+  ASSERT_TRUE(state.Apply(StepBatch("n0", 1, "a", 1, 0, 0.1)).ok());
+  ::testing::internal::CaptureStderr();
+  for (uint64_t seq = 2; seq < 6; ++seq) {
+    ASSERT_TRUE(state.Apply(StepBatch("n0", seq, "b" + std::to_string(seq), 1, 0, 0.1)).ok());
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const std::string line = "limit jobs of 1 reached";
+  const size_t first = log.find(line);
+  ASSERT_NE(first, std::string::npos) << log;
+  EXPECT_EQ(log.find(line, first + 1), std::string::npos) << "logged more than once: " << log;
+  EXPECT_NE(log.find("--max-jobs"), std::string::npos) << log;
+  state.Tick();
+  EXPECT_EQ(LimitHits(state.Snapshot().counters, "jobs"), 4u);
+}
+
+// A reader holding a published view keeps it as it was, whatever ingest and later ticks do.
+TEST(CollectorStateTest, PublishedViewDoesNotChangeAfterItIsPublished) {
+  FakeClock clock;
+  CollectorState state({}, &clock);
+  ASSERT_NE(state.Published(), nullptr);  // an empty view before the first Tick
+  EXPECT_TRUE(state.Published()->snapshot.jobs.empty());
+  ASSERT_TRUE(state.Apply(StepBatch("n0", 1, "job", 4, 0, 0.1)).ok());
+  state.Tick();
+  const std::shared_ptr<const PublishedView> held = state.Published();
+  ASSERT_EQ(held->snapshot.jobs.size(), 1u);
+  const int64_t last_step = held->snapshot.jobs[0].last_step;
+  const uint64_t steps = held->snapshot.counters.steps_received;
+  const size_t ranks = held->ranks.at("job").size();
+  for (uint64_t seq = 2; seq < 12; ++seq) {
+    ASSERT_TRUE(state.Apply(StepBatch("n0", seq, "job", 4, seq, 0.1)).ok());
+    ASSERT_TRUE(state.Apply(StepBatch("n1", seq, "job-" + std::to_string(seq), 8, 0, 0.1)).ok());
+    clock.Advance(kSecond);
+    state.Tick();
+  }
+  EXPECT_EQ(state.Published()->snapshot.jobs.size(), 11u);
+  EXPECT_NE(state.Published(), held);
+  EXPECT_EQ(held->snapshot.jobs.size(), 1u);
+  EXPECT_EQ(held->snapshot.jobs[0].last_step, last_step);
+  EXPECT_EQ(held->snapshot.counters.steps_received, steps);
+  EXPECT_EQ(held->snapshot.nodes.size(), 1u);
+  EXPECT_EQ(held->ranks.size(), 1u);
+  EXPECT_EQ(held->ranks.at("job").size(), ranks);
+}
+
+// Readers answer from the published view while ingest holds its mutex (as a long Apply does).
+TEST(CollectorStateTest, ReadersDoNotWaitForTheIngestLock) {
+  FakeClock clock;
+  CollectorState state({}, &clock);
+  for (int step = 0; step < 30; ++step) {
+    ASSERT_TRUE(state.Apply(StepBatch("n0", step + 1, "job", 8, step, 0.1, 5, 0.16)).ok());
+    clock.Advance(kSecond / 5);
+  }
+  state.Tick();
+  absl::Notification answered;
+  int jobs = -1;
+  int ranks = -1;
+  size_t snapshot_jobs = 0;
+  std::thread reader;
+  bool returned = false;
+  state.RunWithIngestLockHeld([&] {
+    reader = std::thread([&] {
+      jobs = state.Status().jobs_size();
+      state.Findings("");
+      absl::StatusOr<v1::ExplainResponse> explain = state.Explain("job");
+      ranks = explain.ok() ? explain->ranks_size() : -1;
+      snapshot_jobs = state.Snapshot().jobs.size();
+      answered.Notify();
+    });
+    // Bounded: a reader that took the ingest mutex would still be blocked when this returns.
+    returned = answered.WaitForNotificationWithTimeout(absl::Seconds(20));
+  });
+  reader.join();
+  EXPECT_TRUE(returned) << "a reader waited for the ingest mutex";
+  EXPECT_EQ(jobs, 1);
+  EXPECT_EQ(ranks, 8);
+  EXPECT_EQ(snapshot_jobs, 1u);
+}
+
+// What ingest changes reaches readers at the next Tick, not before (counters excepted).
+TEST(CollectorStateTest, JobsAndFindingsAppearAtTheNextTick) {
+  FakeClock clock;
+  CollectorState state({}, &clock);
+  state.Tick();
+  for (int step = 0; step < 60; ++step) {
+    ASSERT_TRUE(state.Apply(StepBatch("n0", step + 1, "job", 8, step, 0.1, 5, 0.16)).ok());
+    clock.Advance(kSecond / 5);
+  }
+  EXPECT_EQ(state.Status().jobs_size(), 0);
+  EXPECT_EQ(state.Findings("job").findings_size(), 0);
+  EXPECT_EQ(state.Explain("job").status().code(), absl::StatusCode::kNotFound);
+  // Counters are not held back: a scrape counts every batch applied.
+  EXPECT_EQ(state.Snapshot().counters.steps_received, 480u);
+  state.Tick();
+  EXPECT_EQ(state.Status().jobs_size(), 1);
+  const v1::FindingsResponse findings = state.Findings("job");
+  EXPECT_TRUE(std::any_of(findings.findings().begin(), findings.findings().end(),
+                          [](const v1::Finding& f) { return f.kind() == "straggler"; }))
+      << findings.DebugString();
+  EXPECT_TRUE(state.Explain("job").ok());
+  EXPECT_EQ(state.Snapshot().counters.steps_received, 480u);
 }
 
 TEST(CollectorStateTest, ScalingHistoryRoundTrips) {

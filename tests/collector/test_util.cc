@@ -26,22 +26,22 @@ v1::ReportBatch EmptyBatch(const std::string& node, uint64_t seq) {
 }
 
 v1::ReportBatch StepBatch(const std::string& node, uint64_t seq, const std::string& job,
-                          int world_size, int64_t step, double busy_s, int slow_rank,
+                          int world_size, int64_t step, double busy_seconds, int slow_rank,
                           double slow_busy_s) {
   v1::ReportBatch b = EmptyBatch(node, seq);
-  const double max_busy = slow_rank >= 0 ? std::max(busy_s, slow_busy_s) : busy_s;
-  const double step_s = max_busy + 0.005;
+  const double max_busy = slow_rank >= 0 ? std::max(busy_seconds, slow_busy_s) : busy_seconds;
+  const double step_seconds = max_busy + 0.005;
   for (int rank = 0; rank < world_size; ++rank) {
     v1::StepEvent* e = b.add_steps();
-    const double busy = rank == slow_rank ? slow_busy_s : busy_s;
+    const double busy = rank == slow_rank ? slow_busy_s : busy_seconds;
     e->set_job(job);
     e->set_rank(rank);
     e->set_world_size(world_size);
     e->set_step(step);
-    e->set_step_s(step_s);
-    e->set_data_s(0);
-    e->set_compute_s(busy);
-    e->set_comm_s(step_s - busy);
+    e->set_step_seconds(step_seconds);
+    e->set_data_seconds(0);
+    e->set_compute_seconds(busy);
+    e->set_comm_seconds(step_seconds - busy);
     e->set_samples(32);
     e->set_gpu(rank % 8);
   }

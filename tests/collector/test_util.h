@@ -10,10 +10,10 @@
 namespace stepwatch::collector::testing {
 
 // One batch from `node` holding one step of every rank in [0, world_size): each rank busy for
-// `busy_s` (compute), except `slow_rank` (if >= 0) busy for `slow_busy_s`; everyone's step time is
-// the slowest busy time plus 5 ms, as in synchronous training.
+// `busy_seconds` (compute), except `slow_rank` (if >= 0) busy for `slow_busy_s`; everyone's step
+// time is the slowest busy time plus 5 ms, as in synchronous training.
 v1::ReportBatch StepBatch(const std::string& node, uint64_t seq, const std::string& job,
-                          int world_size, int64_t step, double busy_s, int slow_rank = -1,
+                          int world_size, int64_t step, double busy_seconds, int slow_rank = -1,
                           double slow_busy_s = 0);
 
 // An empty batch from agent "agent-<node>", boot "boot-1".

@@ -172,6 +172,35 @@ v1::ExplainResponse SampleExplain(int ranks, int straggler) {
   return e;
 }
 
+TEST(FormatTest, ExplainShowsTheEvidenceOfAFinding) {
+  v1::ExplainResponse e = SampleExplain(8, 6);
+  v1::FindingEvidence* ev = e.mutable_findings(0)->mutable_evidence();
+  ev->set_compute_vs_median_ratio(1.31);
+  ev->add_exited_ranks(3);
+  ev->add_exited_ranks(7);
+  v1::DeviceEvidence* d = ev->add_devices();
+  d->set_rank(6);
+  d->set_node("node-0");
+  d->set_gpu(6);
+  d->set_sm_clock_mhz(1410);
+  d->set_throttle_reasons(0x20);
+  v1::DeviceEvidence* host = ev->add_devices();
+  host->set_rank(-1);
+  host->set_node("node-0");
+  host->set_gpu(-1);
+  std::string out = FormatExplain(e);
+  EXPECT_NE(out.find("      evidence: compute_vs_median_ratio=1.31 exited_ranks=3,7\n"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("      device node-0 GPU 6 (rank 6): sm_clock_mhz=1410 "
+                     "throttle_reasons=0x20\n"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("      device node-0:"), std::string::npos) << "a device without figures";
+  // A finding without evidence gets no evidence line.
+  EXPECT_EQ(FormatExplain(SampleExplain(8, 6)).find("evidence:"), std::string::npos);
+}
+
 TEST(FormatTest, ExplainMarksTheStragglerWithTheLongestBar) {
   std::string out = FormatExplain(SampleExplain(8, 6));
   EXPECT_NE(out.find("Job llm: 8 ranks"), std::string::npos) << out;

@@ -74,7 +74,7 @@ def metric_names(expr):
 
 def exported_metric_sources():
     text = []
-    for pattern in ("collector/*.cc", "agent/*.cc"):
+    for pattern in ("collector/*.cc", "agent/*.cc", "security/*.cc", "metrics/*.cc", "common/*.cc"):
         for path in glob.glob(os.path.join(SOURCE_DIR, pattern)):
             with open(path) as f:
                 text.append(f.read())
@@ -102,6 +102,10 @@ def is_exported(name, sources):
     for prefix in ("stepwatch_agent_gpu_", "stepwatch_agent_host_", "stepwatch_agent_"):
         if name.startswith(prefix) and f'"{name[len(prefix):]}"' in sources:
             return True
+    # GPU and host metrics: metrics/node_metric_table.cc names them without the exporter's prefix.
+    for prefix in ("stepwatch_gpu_", "stepwatch_host_"):
+        if name.startswith(prefix) and f'"{name[len("stepwatch_"):]}"' in sources:
+            return True
     return False
 
 
@@ -127,8 +131,10 @@ class PrometheusRulesTest(unittest.TestCase):
                 self.assertIn(rule["labels"]["severity"], ("info", "warning", "critical"))
                 for key in ("summary", "description", "action"):
                     self.assertTrue(rule["annotations"].get(key), key)
-                # Training alerts point at stepwatchctl explain for their job.
-                if "$labels.job" in rule["annotations"]["summary"]:
+                # Alerts on a job's findings point at stepwatchctl explain for their job (an alert
+                # about stepwatch's own delivery of a job's events points at the agent instead).
+                if ("$labels.job" in rule["annotations"]["summary"]
+                        and "stepwatch_agent_" not in rule["expr"]):
                     self.assertIn("stepwatchctl explain {{ $labels.job }}",
                                   rule["annotations"]["action"])
 

@@ -11,11 +11,25 @@ import tempfile
 import textwrap
 import unittest
 
-from harness import (Agent, Collector, ctl_json, metric_samples, metric_value, step_event,
-                     wait_until)
+from harness import (BUILD_DIR, Agent, Collector, ctl_json, metric_samples, metric_value,
+                     step_event, wait_until)
 from test_diagnosis import send_job_steps
 
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+
+def clang_asan_build():
+    """True for a clang AddressSanitizer build: its runtime, linked into each binary, can hang
+    before main when libfaketime intercepts its first clock_gettime (GCC's shared libasan does
+    not). Seen intermittently with the agent and every time with a two-line program."""
+    try:
+        with open(os.path.join(BUILD_DIR, "CMakeCache.txt"), encoding="utf-8") as f:
+            cache = f.read().splitlines()
+    except OSError:
+        return False
+    clang = any(line.startswith("CMAKE_CXX_COMPILER:") and "clang" in line for line in cache)
+    asan = "STEPWATCH_SANITIZE:BOOL=ON" in cache or "STEPWATCH_FUZZ:BOOL=ON" in cache
+    return clang and asan
 
 
 def flagged_ranks(collector, job):
@@ -56,6 +70,8 @@ class HostileInputTest(unittest.TestCase):
 
     @unittest.skipUnless(os.path.exists(FAKETIME_LIB), "libfaketime is not installed")
     def test_a_node_an_hour_fast_blinds_no_job(self):
+        if clang_asan_build():
+            self.skipTest("clang's ASan runtime can hang under libfaketime; the GCC pass runs this")
         with Collector(self.tmp) as collector, \
                 Agent(self.tmp, collector.grpc_addr, node="node-ok") as good, \
                 Agent(self.tmp, collector.grpc_addr, node="node-fast") as fast:

@@ -124,6 +124,30 @@ class MetricsEndpointTest(unittest.TestCase):
                 for l in loris:
                     l.__exit__(None, None, None)
 
+    def test_connection_cap_evicts_idle_connections_and_counts_them(self):
+        """--metrics-max-connections on both binaries: beyond the cap the oldest idle connection
+        is evicted (counted), and scrapes keep working."""
+        cap = 8
+        flags = {"metrics_max_connections": cap}
+        with Collector(self.tmpdir, **flags) as collector, \
+                Agent(self.tmpdir, collector.grpc_addr, **flags) as agent:
+            for name, port, url in (("collector", collector.metrics_port, collector.metrics_url),
+                                    ("agent", agent.metrics_port, agent.metrics_url)):
+                idle = [socket.create_connection(("127.0.0.1", port), timeout=5)
+                        for _ in range(cap + 5)]
+                try:
+                    # The 13 idle connections plus this scrape's: at least 6 evicted.
+                    status, _seconds, _body = timed_scrape(url)
+                    self.assertEqual(status, 200, name)
+                    wait_until(lambda url=url: scrape_value(
+                        url, "stepwatch_metrics_http_connections_closed_total",
+                        reason="evicted") >= 6, timeout=10, message=f"{name} evicting at its cap")
+                    self.assertLessEqual(
+                        scrape_value(url, "stepwatch_metrics_http_connections_open"), cap, name)
+                finally:
+                    for s in idle:
+                        s.close()
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -96,8 +96,10 @@ class PipelineTest(unittest.TestCase):
             self.assertEqual(collector_steps(collector), second, "no batch lost or applied twice")
             agent_metrics = agent.scrape()
             self.assertEqual(metric_value(agent_metrics, "stepwatch_agent_batches_dropped_total"), 0)
-            samples = collector.scrape()
-            self.assertEqual(metric_value(samples, "stepwatch_job_last_step", job="job-restart"), 149)
+            # Jobs reach /metrics with the view the collector publishes at its next tick.
+            wait_until(lambda: metric_value(collector.scrape(), "stepwatch_job_last_step",
+                                            job="job-restart") == 149, timeout=10,
+                       message="the job's last step on /metrics")
 
     def test_bad_datagrams_are_rejected_and_counted(self):
         with Collector(self.tmp) as collector, \

@@ -62,12 +62,15 @@ class SendTest(unittest.TestCase):
         self.assertEqual((rep.sent, rep.dropped), (0, 9))
         self.assertIsNone(self.agent.recv(0.05))
 
-    def test_overlong_job_id_is_named_at_construction(self):
-        with self.assertLogs("stepwatch", logging.WARNING) as logs:
+    def test_job_id_the_agent_would_refuse_is_refused_at_construction(self):
+        with self.assertRaisesRegex(ValueError, "300 bytes"):
             make_reporter(self, self.agent, job="j" * 300)
-        self.assertIn("300 bytes", logs.output[0])
+        with self.assertRaisesRegex(ValueError, "control character"):
+            make_reporter(self, self.agent, job="llm\x1b[2J")
         with self.assertNoLogs("stepwatch", logging.WARNING):
-            make_reporter(self, self.agent, job="j" * 256)
+            rep = make_reporter(self, self.agent, job="j" * 256)
+        self.assertTrue(rep.send(0, 0.1))
+        self.assertEqual(self.agent.recv(2.0)["job"], "j" * 256)
 
     def test_absent_agent_drops_counts_and_warns_once(self):
         self.agent.unbind()

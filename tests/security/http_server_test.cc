@@ -2,11 +2,12 @@
 
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "tests/security/http_test_client.h"
 
@@ -180,23 +181,23 @@ TEST(HttpServerTest, AtTheCapTheOldestIdleConnectionMakesRoom) {
 
 TEST(HttpServerTest, AtTheCapWithEveryRequestInProgressNewConnectionsAreRefused) {
   // A handler that never answers keeps every connection busy.
-  std::mutex mu;
-  std::vector<HttpResponder> held;
+  absl::Mutex mu;
+  std::vector<HttpResponder> held;  // under mu
   HttpServerOptions options;
   options.listen = "127.0.0.1:0";
   options.max_connections = 2;
   auto server = HttpServer::Start(options, [&](const HttpRequest&, HttpResponder r) {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     held.push_back(r);
   });
   ASSERT_TRUE(server.ok()) << server.status();
   TestConnection a((*server)->port());
   TestConnection b((*server)->port());
   ASSERT_TRUE(a.Send(Get("/")) && b.Send(Get("/")));
-  for (int i = 0; i < 100; ++i) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (held.size() == 2) break;
-    std::this_thread::sleep_for(milliseconds(10));
+  {
+    absl::MutexLock lock(&mu);
+    const auto both_held = [&held] { return held.size() == 2; };
+    mu.AwaitWithTimeout(absl::Condition(&both_held), absl::Seconds(1));
   }
   TestConnection refused((*server)->port());
   bool closed = false;
@@ -205,7 +206,7 @@ TEST(HttpServerTest, AtTheCapWithEveryRequestInProgressNewConnectionsAreRefused)
   EXPECT_EQ((*server)->stats().refused, 1u);
   // Answers from another thread reach the held connections.
   std::thread answer([&] {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     for (HttpResponder& r : held) r.Send(HttpResponse{});
   });
   answer.join();

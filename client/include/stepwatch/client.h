@@ -9,7 +9,8 @@
 //     { stepwatch::PhaseScope p(step, stepwatch::Phase::kCompute); Train(batch); }
 //   }  // the step's event is sent when `step` goes out of scope
 //
-// Each step is one JSON message (the stepwatch StepEvent, v1) to the agent: a packet on a
+// Each step is one JSON message (the step-event datagram v1, docs/step-event.md) to the agent: a
+// packet on a
 // connection to its SOCK_SEQPACKET socket (`<socket>.seq`) when the agent has one, else a datagram
 // on its Unix datagram socket (older agents). A connection queues as many messages as its send
 // buffer holds; a datagram socket queues at most net.unix.max_dgram_qlen (10 by default), so bursts
@@ -45,8 +46,19 @@
 namespace stepwatch {
 
 inline constexpr char kDefaultSocketPath[] = "/run/stepwatch/agent.sock";
-// The agent rejects larger messages.
+
+// The agent's rules for step events (docs/step-event.md), copied so that this header stands alone;
+// tests/client proves them equal to the agent's and to proto/step_event_rules.json. What breaks
+// them is refused here, where the caller hears of it, not silently by the agent.
+// The largest message the agent reads.
 inline constexpr size_t kMaxDatagramBytes = 64 * 1024;
+// Job ids: 1 to kMaxJobBytes bytes of UTF-8 without control characters.
+inline constexpr size_t kMaxJobBytes = 256;
+// step_s, data_s, compute_s, comm_s: at most a day.
+inline constexpr double kMaxSeconds = 86400;
+// world_size (rank is below it); local_rank and gpu. dp_rank, pp_stage, tp_rank: any int >= 0.
+inline constexpr int kMaxWorldSize = 1 << 20;
+inline constexpr int kMaxGpuIndex = 1023;
 // Suffix of the agent's seqpacket socket path.
 inline constexpr char kSeqpacketSuffix[] = ".seq";
 // Requested send buffer of a connection: the messages it holds while the agent is busy (the
@@ -97,6 +109,12 @@ struct ReporterOptions {
   bool warn_on_stderr = true;
 };
 
+// Why the agent would refuse `job` (nullptr when it would not): empty, over kMaxJobBytes, not
+// UTF-8, or a control character (U+0000..U+001F, U+007F..U+009F).
+const char* ValidateJob(const std::string& job) noexcept;
+// Why the agent would refuse an event with these values (nullptr when it would not).
+const char* ValidateStepRecord(const StepRecord& record) noexcept;
+
 class Reporter {
  public:
   explicit Reporter(ReporterOptions options = {}) noexcept;
@@ -145,7 +163,6 @@ class Reporter {
   friend class StepScope;
 
   void Configure(const ReporterOptions& options);
-  static const char* Validate(const StepRecord& r) noexcept;
   bool SendNowLocked(const StepRecord& record) noexcept;
   // The connected socket; -1 after a failed attempt (dropped and counted), -2 while waiting to
   // retry.
@@ -176,6 +193,8 @@ class Reporter {
   std::atomic<bool> warned_{false};
   std::atomic<int64_t> next_step_{0};
 
+  // std::mutex, not absl::Mutex: this public header-only client must not depend on Abseil, so its
+  // locks are exempt from the clang -Wthread-safety checks (the comments say what each guards).
   // Socket state; guarded by io_mu_.
   std::mutex io_mu_;
   int fd_ = -1;
@@ -358,10 +377,71 @@ struct Writer {
 };
 
 inline bool ValidDuration(const std::optional<double>& d) {
-  return !d.has_value() || (std::isfinite(*d) && *d >= 0);
+  return !d.has_value() || (std::isfinite(*d) && *d >= 0 && *d <= kMaxSeconds);
+}
+
+// Length of the well-formed UTF-8 sequence at s[i] (no overlong forms, surrogates or code points
+// over U+10FFFF), 0 when there is none; *cp receives the code point.
+inline size_t Utf8At(const std::string& s, size_t i, uint32_t* cp) noexcept {
+  const unsigned char c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) {
+    *cp = c;
+    return 1;
+  }
+  size_t len = 0;
+  uint32_t min = 0;
+  if (c >= 0xC2 && c <= 0xDF) {
+    len = 2;
+    min = 0x80;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3;
+    min = 0x800;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    len = 4;
+    min = 0x10000;
+  } else {
+    return 0;
+  }
+  if (s.size() - i < len) return 0;
+  uint32_t v = c & (0xFFu >> (len + 1));
+  for (size_t k = 1; k < len; ++k) {
+    const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+    if ((cc & 0xC0) != 0x80) return 0;
+    v = (v << 6) | (cc & 0x3F);
+  }
+  if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
+  *cp = v;
+  return len;
 }
 
 }  // namespace client_internal
+
+inline const char* ValidateJob(const std::string& job) noexcept {
+  if (job.empty()) return "job id is empty";
+  static_assert(kMaxJobBytes == 256, "the message below names the limit");
+  if (job.size() > kMaxJobBytes) return "job id is over 256 bytes";
+  for (size_t i = 0; i < job.size();) {
+    uint32_t cp = 0;
+    const size_t len = client_internal::Utf8At(job, i, &cp);
+    if (len == 0) return "job id is not UTF-8";
+    if (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F)) return "job id contains a control character";
+    i += len;
+  }
+  return nullptr;
+}
+
+inline const char* ValidateStepRecord(const StepRecord& r) noexcept {
+  if (r.step < 0) return "invalid step event: step < 0";
+  if (!(std::isfinite(r.step_s) && r.step_s > 0 && r.step_s <= kMaxSeconds)) {
+    return "invalid step event: step_s must be > 0 and at most a day";
+  }
+  if (!client_internal::ValidDuration(r.data_s) || !client_internal::ValidDuration(r.compute_s) ||
+      !client_internal::ValidDuration(r.comm_s)) {
+    return "invalid step event: a phase duration is negative, not finite or over a day";
+  }
+  if (r.samples && *r.samples < 0) return "invalid step event: samples < 0";
+  return nullptr;
+}
 
 inline Reporter::Reporter(ReporterOptions options) noexcept : options_(std::move(options)) {
   try {
@@ -435,8 +515,9 @@ inline void Reporter::Configure(const ReporterOptions& o) {
   if (bad) return;
   if (local_rank < 0) local_rank = first_int("LOCAL_RANK", "SLURM_LOCALID").value_or(-1);
   if (bad) return;
-  if (world < 1 || world > INT32_MAX) {
-    error_ = "world_size must be >= 1, got " + std::to_string(world);
+  if (world < 1 || world > kMaxWorldSize) {
+    error_ = "world_size must be in [1, " + std::to_string(kMaxWorldSize) + "], got " +
+             std::to_string(world);
     return;
   }
   if (rank < 0 || rank >= world) {
@@ -472,6 +553,15 @@ inline void Reporter::Configure(const ReporterOptions& o) {
     job = std::string("local-") + host + "-" + std::to_string(::getpid());
   }
 
+  if (const char* invalid = ValidateJob(job)) {
+    error_ = std::string(invalid) + ": the agent would refuse every event";
+    return;
+  }
+  if (local_rank > kMaxGpuIndex || o.gpu > kMaxGpuIndex) {
+    error_ = "local_rank and gpu must be at most " + std::to_string(kMaxGpuIndex);
+    return;
+  }
+
   std::string path = o.socket_path;
   if (path.empty() && env) path = EnvString("STEPWATCH_SOCKET");
   if (path.empty()) path = kDefaultSocketPath;
@@ -497,18 +587,6 @@ inline void Reporter::Configure(const ReporterOptions& o) {
   for (const auto& [name, value] : optional_fields) {
     if (value >= 0) prefix_ += std::string(",\"") + name + "\":" + std::to_string(value);
   }
-  if (prefix_.size() > kMaxDatagramBytes / 2) error_ = "job id is too long";
-}
-
-inline const char* Reporter::Validate(const StepRecord& r) noexcept {
-  if (r.step < 0) return "invalid step event: step < 0";
-  if (!(std::isfinite(r.step_s) && r.step_s > 0)) return "invalid step event: step_s must be > 0";
-  if (!client_internal::ValidDuration(r.data_s) || !client_internal::ValidDuration(r.compute_s) ||
-      !client_internal::ValidDuration(r.comm_s)) {
-    return "invalid step event: a phase duration is negative or not finite";
-  }
-  if (r.samples && *r.samples < 0) return "invalid step event: samples < 0";
-  return nullptr;
 }
 
 inline size_t Reporter::Encode(const StepRecord& r, char* buf, size_t capacity,
@@ -548,7 +626,7 @@ inline bool Reporter::Send(const StepRecord& record) noexcept {
     dropped_.fetch_add(1, std::memory_order_relaxed);  // nothing can ever report it
     return false;
   }
-  if (const char* invalid = Validate(record)) {
+  if (const char* invalid = ValidateStepRecord(record)) {
     Drop(invalid, 0);
     return false;
   }

@@ -28,19 +28,19 @@ TEST(EngineDetectorListTest, TheEngineTimesEachDetector) {
   EXPECT_EQ(engine.DetectorTimings().size(), 7u);
   for (int64_t step = 0; step < 20; ++step) {
     for (int r = 0; r < 4; ++r) {
-      StepSample s;
+      StepEvent s;
       s.job = "j";
       s.rank = r;
       s.world_size = 4;
       s.step = step;
-      s.step_s = 0.5;
-      s.compute_s = 0.4;
+      s.step_seconds = 0.5;
+      s.compute_seconds = 0.4;
       s.node = "n";
       s.received_unix_nanos = (step + 1) * 500'000'000LL;
       ASSERT_TRUE(engine.AddStep(s).ok());
     }
   }
-  GpuReading g;
+  GpuSample g;
   g.node = "n";
   g.index = 0;
   g.utilization_ratio = 0.9;

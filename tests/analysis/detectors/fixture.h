@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "analysis/detector.h"
+#include "analysis/finding_render.h"
 #include "analysis/registry.h"
 
 namespace stepwatch::analysis::testing {
@@ -48,7 +49,7 @@ class DetectorFixture {
 
   // Completes one step: a full split per rank (busy = compute, wait = step - busy), entries sorted
   // by (group, rank) as the engine does; every detector's OnStep runs in order.
-  void Step(int64_t step, double step_s, const std::vector<double>& busy,
+  void Step(int64_t step, double step_seconds, const std::vector<double>& busy,
             const std::vector<int64_t>& groups = {}) {
     std::vector<Entry> es;
     for (size_t i = 0; i < busy.size(); ++i) {
@@ -56,9 +57,9 @@ class DetectorFixture {
       e.rank = static_cast<int>(i);
       e.group = groups.empty() ? -1 : groups[i];
       e.pp_stage = job_->ranks[e.rank].pp_stage;
-      e.step_s = step_s;
+      e.step_seconds = step_seconds;
       e.busy = e.compute = busy[i];
-      e.wait = step_s - busy[i];
+      e.wait = step_seconds - busy[i];
       e.split = true;
       es.push_back(e);
       job_->ranks.Mutable(e.rank).last_step = step;
@@ -74,7 +75,7 @@ class DetectorFixture {
     job_->max_step = std::max(job_->max_step, step);
     job_->last_completed = step;
     job_->last_progress_nanos = nanos;
-    const StepView view{step, nanos, sum.step_s, es};
+    const StepView view{step, nanos, sum.step_seconds, es};
     for (size_t i = 0; i < detectors_.size(); ++i) {
       detectors_[i]->OnStep(this->view(), view, job_->states[i].get());
     }
@@ -86,12 +87,13 @@ class DetectorFixture {
     }
   }
 
-  // Every detector's findings for the job, in list order (as the engine collects them).
+  // Every detector's findings for the job, in list order, rendered (as the engine collects them).
   std::vector<Finding> Findings() const {
     std::vector<Finding> out;
     for (size_t i = 0; i < detectors_.size(); ++i) {
       detectors_[i]->Evaluate(view(), job_->states[i].get(), &out);
     }
+    for (Finding& f : out) RenderFinding(&f);
     return out;
   }
 

@@ -29,7 +29,12 @@ TEST(EnginePipelineDetectorTest, FlagsTheSlowestStageAndClears) {
   EXPECT_EQ(f.node, "node-3");
   EXPECT_EQ(f.since_step, 15);
   EXPECT_EQ(f.cause, Cause::kMoreWork);
-  EXPECT_THAT(f.summary, HasSubstr("stage 3 takes 1.6x the other stages (busy 800 ms vs 500 ms)"));
+  EXPECT_NEAR(f.evidence.stage_vs_median_ratio.value_or(0), 1.6, 1e-6);
+  EXPECT_NEAR(f.evidence.stage_busy_seconds.value_or(0), 0.8, 1e-6);
+  EXPECT_NEAR(f.evidence.other_stages_busy_seconds.value_or(0), 0.5, 1e-6);
+  EXPECT_EQ(f.evidence.node_count, 1);
+  EXPECT_EQ(f.evidence.nodes, std::vector<std::string>{"node-3"});
+  EXPECT_TRUE(f.evidence.devices.empty()) << "no slower device to name";
   EXPECT_THAT(f.action, HasSubstr("move layers off stage 3"));
   EXPECT_TRUE(fx.Rank(3).straggler);
   EXPECT_FALSE(fx.Rank(0).straggler);

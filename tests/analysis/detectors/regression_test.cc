@@ -27,8 +27,14 @@ TEST(EngineRegressionDetectorTest, FindsTheShiftItsStepAndWhatRose) {
   EXPECT_EQ(f.rank, -1);
   EXPECT_EQ(f.since_step, 64);
   EXPECT_EQ(f.cause, Cause::kImbalance);
-  EXPECT_THAT(f.summary, HasSubstr("step time up 30% since step 64: 1.30 s vs 1.00 s before"));
-  EXPECT_THAT(f.summary, HasSubstr("largest rise: waiting for slower ranks +300 ms per step"));
+  EXPECT_NEAR(f.evidence.step_seconds.value_or(0), 1.3, 1e-6);
+  EXPECT_NEAR(f.evidence.baseline_step_seconds.value_or(0), 1.0, 1e-6);
+  EXPECT_NEAR(f.evidence.step_vs_baseline_ratio.value_or(0), 1.3, 1e-6);
+  EXPECT_NEAR(f.evidence.rise_seconds.value_or(0), 0.3, 1e-6);
+  // One rendering check: the summary words the same fields.
+  EXPECT_EQ(f.summary,
+            "step time up 30% since step 64: 1.30 s vs 1.00 s before; largest rise: waiting for "
+            "slower ranks +300 ms per step");
 
   for (int64_t s = 80; s < 100; ++s) fx.Step(s, 1.0, {0.8, 0.8, 0.8});
   EXPECT_TRUE(fx.Findings().empty()) << "not cleared back at the reference level";

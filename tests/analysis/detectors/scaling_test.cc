@@ -29,8 +29,11 @@ TEST(EngineScalingDetectorTest, ComparesWithTheBestSmallerSizeOfTheHistory) {
   EXPECT_EQ(f.since_step, 15);
   EXPECT_TRUE(f.persistent);
   EXPECT_EQ(f.cause, Cause::kExposedComm);
-  EXPECT_THAT(f.summary, HasSubstr("scaling efficiency 50% at 8 GPUs: per-GPU throughput 0.50x "
-                                   "the best at 4 GPUs"));
+  EXPECT_DOUBLE_EQ(f.evidence.scaling_efficiency_ratio.value_or(0), 0.5);
+  EXPECT_EQ(f.evidence.world_size, 8);
+  EXPECT_EQ(f.evidence.reference_world_size, 4);
+  EXPECT_NEAR(f.evidence.comm_share_ratio.value_or(0), 0.5, 1e-6);
+  EXPECT_NEAR(f.evidence.imbalance_share_ratio.value_or(-1), 0, 1e-6);
   EXPECT_THAT(f.summary, HasSubstr("largest loss: exposed communication 50% of the step"));
 
   JobSnapshot snap;

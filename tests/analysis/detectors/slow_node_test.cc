@@ -17,7 +17,7 @@ TEST(EngineSlowNodeDetectorTest, ReplacesTheStragglersOfAWhollySlowNode) {
   SlowNodeDetector slow_node(&straggler);
   DetectorFixture fx({&straggler, &slow_node}, 6);
   for (int r = 0; r < 6; ++r) fx.AddRank(r, "node-" + std::to_string(r / 2), r % 2);
-  GpuReading g;
+  GpuSample g;
   g.node = "node-0";
   g.index = 1;
   g.throttle_reasons = 0x4;  // power capping
@@ -34,7 +34,12 @@ TEST(EngineSlowNodeDetectorTest, ReplacesTheStragglersOfAWhollySlowNode) {
   EXPECT_EQ(f.since_step, 0);
   EXPECT_EQ(f.severity, Severity::kWarning);
   EXPECT_EQ(f.cause, Cause::kPowerThrottling);
-  EXPECT_THAT(f.summary, HasSubstr("node-0: all 2 ranks slow"));
+  EXPECT_EQ(f.evidence.slow_rank_count, 2);
+  EXPECT_EQ(f.evidence.node_rank_count, 2);
+  EXPECT_NEAR(f.evidence.busy_vs_median_ratio.value_or(0), 0.405 / 0.305, 0.01);
+  ASSERT_EQ(f.evidence.devices.size(), 1u) << "only the throttled GPU is evidence";
+  EXPECT_EQ(f.evidence.devices[0].gpu, 1);
+  EXPECT_EQ(f.evidence.devices[0].throttle_reasons, uint64_t{0x4});
   EXPECT_THAT(f.summary, HasSubstr("GPU 1: power capping"));
   EXPECT_THAT(f.action, HasSubstr("drain node-0"));
 }

@@ -41,8 +41,14 @@ TEST_F(EngineStragglerDetectorTest, FlagsTheBusierRankAfterItsWindowAndClears) {
   EXPECT_EQ(f.severity, Severity::kCritical);  // 0.48 / 0.305 >= critical_ratio 1.5
   EXPECT_FALSE(f.persistent);
   EXPECT_EQ(f.cause, Cause::kUnknown);
-  EXPECT_THAT(f.summary, HasSubstr("rank 2 on node-2 GPU 0: compute +57% vs median"));
-  EXPECT_THAT(f.summary, HasSubstr("(no GPU readings)"));
+  EXPECT_NEAR(f.evidence.compute_vs_median_ratio.value_or(0), 0.48 / 0.305, 0.01);
+  EXPECT_NEAR(f.evidence.busy_vs_median_ratio.value_or(0), 0.48 / 0.305, 0.01);
+  EXPECT_FALSE(f.evidence.data_excess_seconds.has_value());
+  ASSERT_EQ(f.evidence.devices.size(), 1u);
+  EXPECT_EQ(f.evidence.devices[0].gpu, -1) << "no GPU readings";
+  EXPECT_EQ(f.summary,
+            "rank 2 on node-2 GPU 0: compute +57% vs median; cause unknown (no GPU readings) "
+            "(transient so far)");
 
   const RankSnapshot rs = fx_.Rank(2);
   EXPECT_TRUE(rs.straggler);
@@ -55,7 +61,7 @@ TEST_F(EngineStragglerDetectorTest, FlagsTheBusierRankAfterItsWindowAndClears) {
 }
 
 TEST_F(EngineStragglerDetectorTest, NamesTheThrottledGpuOfTheRegistry) {
-  GpuReading g;
+  GpuSample g;
   g.node = "node-2";
   g.index = 0;
   g.sm_clock_mhz = 1410;
@@ -68,6 +74,15 @@ TEST_F(EngineStragglerDetectorTest, NamesTheThrottledGpuOfTheRegistry) {
   EXPECT_EQ(found[0].cause, Cause::kThermalThrottling);
   EXPECT_EQ(found[0].causes, std::vector<Cause>{Cause::kThermalThrottling});
   EXPECT_EQ(found[0].severity, Severity::kWarning);
+  ASSERT_EQ(found[0].evidence.devices.size(), 1u);
+  const DeviceEvidence& d = found[0].evidence.devices[0];
+  EXPECT_EQ(d.node, "node-2");
+  EXPECT_EQ(d.gpu, 0);
+  EXPECT_EQ(d.rank, 2);
+  EXPECT_EQ(d.sm_clock_mhz, 1410);
+  EXPECT_EQ(d.sm_clock_max_mhz, 1980);
+  EXPECT_EQ(d.throttle_reasons, uint64_t{0x20});
+  EXPECT_FALSE(d.host_cpu_ratio.has_value());
   EXPECT_THAT(found[0].summary,
               HasSubstr("slower GPU: SM clock 1410 of 1980 MHz, thermal throttling"));
   EXPECT_THAT(found[0].action, HasSubstr("drain node-2"));

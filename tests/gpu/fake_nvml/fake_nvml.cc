@@ -96,7 +96,7 @@ struct TemperatureRec {  // nvmlTemperature_v1_t
   int32_t sensor;
   int32_t celsius;
 };
-constexpr uint32_t kTemperatureRecVersion = 12u | (1u << 24);
+[[maybe_unused]] constexpr uint32_t kTemperatureRecVersion = 12u | (1u << 24);
 struct FieldRec {  // nvmlFieldValue_t
   uint32_t field_id;
   uint32_t scope_id;
@@ -126,13 +126,14 @@ static_assert(sizeof(ProcessRec16) == 16 && sizeof(ProcessRec24) == 24 &&
                   sizeof(FieldRec) == 40 && sizeof(GpmGetHead) == 24 && sizeof(GpmMetricRec) == 40,
               "fake NVML records");
 
-constexpr uint32_t kClockSm = 1;
-constexpr uint32_t kSensorGpu = 0;
-constexpr uint32_t kPcieTx = 0, kPcieRx = 1;
-constexpr uint32_t kFieldNvlinkTx = 138, kFieldNvlinkRx = 139;
-constexpr int32_t kValueTypeUll = 3;
-constexpr uint32_t kGpmMetricsGetVersion = 1, kGpmSupportVersion = 1;
-constexpr uint32_t kGpmSmUtil = 2, kGpmAnyTensorUtil = 5, kGpmDramBwUtil = 10;
+// [[maybe_unused]]: the FAKE_NVML_MINIMAL build leaves out the entry points that use these.
+[[maybe_unused]] constexpr uint32_t kClockSm = 1;
+[[maybe_unused]] constexpr uint32_t kSensorGpu = 0;
+[[maybe_unused]] constexpr uint32_t kPcieTx = 0, kPcieRx = 1;
+[[maybe_unused]] constexpr uint32_t kFieldNvlinkTx = 138, kFieldNvlinkRx = 139;
+[[maybe_unused]] constexpr int32_t kValueTypeUll = 3;
+[[maybe_unused]] constexpr uint32_t kGpmMetricsGetVersion = 1, kGpmSupportVersion = 1;
+[[maybe_unused]] constexpr uint32_t kGpmSmUtil = 2, kGpmAnyTensorUtil = 5, kGpmDramBwUtil = 10;
 
 }  // namespace fake_nvml
 
@@ -456,6 +457,8 @@ class Fake {
     mtime_ = st.st_mtim;
   }
 
+  // std::mutex, unannotated: a test stand-in for a C library (NVML), exempt from the
+  // absl::Mutex + -Wthread-safety rule that stepwatch's own code follows.
   std::mutex mu_;
   std::string path_;
   FakeState state_;

@@ -1,0 +1,138 @@
+#include "common/step_event_rules.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace stepwatch::step_event {
+
+namespace {
+
+// Length of the well-formed UTF-8 sequence at text[i] (RFC 3629: no overlong forms, surrogates
+// or code points over U+10FFFF), 0 when it is not one; *code_point receives its value.
+size_t Utf8SequenceAt(absl::string_view text, size_t i, uint32_t* code_point) {
+  const unsigned char c = static_cast<unsigned char>(text[i]);
+  if (c < 0x80) {
+    *code_point = c;
+    return 1;
+  }
+  size_t len;
+  uint32_t min;
+  if (c >= 0xC2 && c <= 0xDF) {
+    len = 2;
+    min = 0x80;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3;
+    min = 0x800;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    len = 4;
+    min = 0x10000;
+  } else {
+    return 0;
+  }
+  if (text.size() - i < len) return 0;
+  uint32_t cp = c & (0xFFu >> (len + 1));
+  for (size_t k = 1; k < len; ++k) {
+    const unsigned char cc = static_cast<unsigned char>(text[i + k]);
+    if ((cc & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (cc & 0x3F);
+  }
+  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+  *code_point = cp;
+  return len;
+}
+
+bool IsControl(uint32_t cp) { return cp < 0x20 || (cp >= 0x7F && cp <= 0x9F); }
+
+}  // namespace
+
+int FindField(absl::string_view name) {
+  for (int i = 0; i < kFieldCount; ++i) {
+    if (name == kFieldRules[i].name || name == kFieldRules[i].alias) return i;
+  }
+  return -1;
+}
+
+absl::Status ValidateJob(absl::string_view job) {
+  if (job.empty()) return absl::InvalidArgumentError("job must not be empty");
+  if (job.size() > kMaxJobBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job is ", job.size(), " bytes, the limit is ", kMaxJobBytes));
+  }
+  // Fast path: job ids are almost always printable ASCII, checked without decoding.
+  bool printable_ascii = true;
+  for (const char ch : job) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    printable_ascii &= (c >= 0x20 && c < 0x7F);
+  }
+  if (printable_ascii) return absl::OkStatus();
+  for (size_t i = 0; i < job.size();) {
+    uint32_t cp = 0;
+    const size_t len = Utf8SequenceAt(job, i, &cp);
+    if (len == 0) return absl::InvalidArgumentError(absl::StrCat("job is not UTF-8 at byte ", i));
+    if (IsControl(cp)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job contains a control character at byte ", i));
+    }
+    i += len;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateInteger(FieldId field, int64_t value) {
+  const FieldRule& rule = kFieldRules[field];
+  if (value < rule.int_min) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(rule.name, " must be >= ", rule.int_min, ", got ", value));
+  }
+  if (value > rule.int_max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(rule.name, " ", value, " is over ", rule.int_max));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateNumber(FieldId field, double value) {
+  const FieldRule& rule = kFieldRules[field];
+  if (!std::isfinite(value))
+    return absl::InvalidArgumentError(absl::StrCat(rule.name, " is not finite"));
+  if (rule.min_exclusive ? !(value > rule.number_min) : value < rule.number_min) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(rule.name, " must be ", rule.min_exclusive ? "> " : ">= ", rule.number_min,
+                     ", got ", value));
+  }
+  if (value > rule.number_max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(rule.name, " ", value, " s is over ", rule.number_max));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Validate(const Fields& f) {
+  if (absl::Status s = ValidateJob(f.job); !s.ok()) return s;
+  for (auto [id, value] :
+       {std::pair{kRank, f.rank}, std::pair{kWorldSize, f.world_size}, std::pair{kStep, f.step}}) {
+    if (absl::Status s = ValidateInteger(id, value); !s.ok()) return s;
+  }
+  if (absl::Status s = ValidateNumber(kStepS, f.step_seconds); !s.ok()) return s;
+  for (auto [id, value] :
+       {std::pair{kDataS, f.data_seconds}, std::pair{kComputeS, f.compute_seconds},
+        std::pair{kCommS, f.comm_seconds}}) {
+    if (!value.has_value()) continue;
+    if (absl::Status s = ValidateNumber(id, *value); !s.ok()) return s;
+  }
+  for (auto [id, value] :
+       {std::pair{kSamples, f.samples}, std::pair{kLocalRank, f.local_rank}, std::pair{kGpu, f.gpu},
+        std::pair{kDpRank, f.dp_rank}, std::pair{kPpStage, f.pp_stage},
+        std::pair{kTpRank, f.tp_rank}, std::pair{kDropped, f.dropped}}) {
+    if (!value.has_value()) continue;
+    if (absl::Status s = ValidateInteger(id, *value); !s.ok()) return s;
+  }
+  if (f.rank >= f.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", f.rank, " >= world_size ", f.world_size));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace stepwatch::step_event
