@@ -34,6 +34,7 @@ class Engine::Impl {
   }
 
   absl::Status AddStep(const StepEvent& s);
+  absl::Status AddValidatedStep(const StepEvent& s);
   void AddGpu(const GpuSample& reading);
   void AddHost(const HostSample& reading) {
     now_ = std::max(now_, reading.sampled_unix_nanos);
@@ -114,6 +115,10 @@ class Engine::Impl {
 
 absl::Status Engine::Impl::AddStep(const StepEvent& s) {
   if (absl::Status valid = ValidateStepEvent(s); !valid.ok()) return valid;
+  return AddValidatedStep(s);
+}
+
+absl::Status Engine::Impl::AddValidatedStep(const StepEvent& s) {
   if (s.world_size > opt_.max_ranks_per_job) {
     return absl::ResourceExhaustedError(
         absl::StrCat("world_size ", s.world_size, " over the limit ", opt_.max_ranks_per_job));
@@ -397,6 +402,9 @@ JobSnapshot Engine::Impl::Snapshot(const JobRecord& job) const {
 Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 Engine::~Engine() = default;
 absl::Status Engine::AddStep(const StepEvent& sample) { return impl_->AddStep(sample); }
+absl::Status Engine::AddValidatedStep(const StepEvent& sample) {
+  return impl_->AddValidatedStep(sample);
+}
 void Engine::AddGpu(const GpuSample& reading) { impl_->AddGpu(reading); }
 void Engine::AddHost(const HostSample& reading) { impl_->AddHost(reading); }
 void Engine::Advance(int64_t now_unix_nanos) { impl_->Advance(now_unix_nanos); }

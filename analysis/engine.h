@@ -367,6 +367,9 @@ class Engine {
   // InvalidArgument for a sample that breaks the contract; ResourceExhausted when a limit on jobs
   // or ranks per job is hit (the sample is dropped).
   absl::Status AddStep(const StepEvent& sample);
+  // AddStep for a sample the caller has already had ValidateStepEvent accept (the collector
+  // checks before it charges memory): skips the second check on the ingest path.
+  absl::Status AddValidatedStep(const StepEvent& sample);
   void AddGpu(const GpuSample& reading);
   void AddHost(const HostSample& reading);
 

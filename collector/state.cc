@@ -22,6 +22,11 @@ bool ValidName(absl::string_view name) {
 
 // Rank rows built per hold of the ingest mutex (see AdvanceExpireAndPublish).
 constexpr int kRankRowsPerHold = 4096;
+// Rank rows (four medians over every rank's window) cost about 3 us per rank: rebuilt at every
+// tick while that is under kRankRowsAlwaysRebuildNanos, else once kRankRowsCostMultiple times
+// their cost has passed, so that they take at most ~5% of a core (100,000 ranks: every ~6 s).
+constexpr int64_t kRankRowsAlwaysRebuildNanos = 5'000'000;
+constexpr int64_t kRankRowsCostMultiple = 20;
 
 int64_t NanosSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
@@ -359,7 +364,7 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
     }
     scratch_step_.received_unix_nanos =
         TrustedTime(scratch_step_.received_unix_nanos, now, node_name);
-    absl::Status st = engine_.AddStep(scratch_step_);
+    absl::Status st = engine_.AddValidatedStep(scratch_step_);
     if (!st.ok()) {
       // Admission charged for what the engine did not take.
       Refund(event.job(), admission);
@@ -483,6 +488,7 @@ JobSpan CollectorState::SpanOf(const std::string& job) const {
 }
 
 void CollectorState::AdvanceExpireAndPublish(int64_t now) {
+  absl::MutexLock tick_lock(&tick_mu_);
   const int64_t cutoff = now - options_.expire_nanos;
   auto view = std::make_shared<PublishedView>();
   StateSnapshot& s = view->snapshot;
@@ -547,12 +553,33 @@ void CollectorState::AdvanceExpireAndPublish(int64_t now) {
   }
   view->tick_locked_nanos = NanosSince(locked_at);
   view->longest_hold_nanos = view->tick_locked_nanos;
-  // Rank rows (four medians over each rank's window) are what a tick costs most at scale: 100,000
-  // ranks take longer than ingest may wait. They are built in slices, each under the mutex on its
-  // own, so ingest waits at most one slice; rows of one job may then be a few slices apart.
-  view->ranks.reserve(s.jobs.size());
-  for (const analysis::JobSnapshot& j : s.jobs) {
-    std::vector<analysis::RankSnapshot>& rows = view->ranks[j.job];
+  s.now_unix_nanos = now;
+  s.node_down_nanos = options_.node_down_nanos;
+  s.memory_budget_bytes = options_.max_memory_bytes;
+  for (const analysis::Finding& f : s.findings) ++view->findings_per_job[f.job];
+  PublishRankRows(view.get());
+  Publish(std::move(view));
+}
+
+void CollectorState::PublishRankRows(PublishedView* view) {
+  const auto start = std::chrono::steady_clock::now();
+  const bool rebuild =
+      rank_rows_cost_nanos_ < kRankRowsAlwaysRebuildNanos ||
+      NanosSince(rank_rows_built_at_) >= kRankRowsCostMultiple * rank_rows_cost_nanos_;
+  const std::shared_ptr<const PublishedView> previous = Published();
+  bool built_any = false;
+  view->ranks.reserve(view->snapshot.jobs.size());
+  for (const analysis::JobSnapshot& j : view->snapshot.jobs) {
+    if (!rebuild) {
+      if (auto it = previous->ranks.find(j.job); it != previous->ranks.end()) {
+        view->ranks.emplace(j.job, it->second);
+        continue;
+      }
+    }
+    // Rows are what a tick costs most at scale: 100,000 ranks take longer than ingest may wait.
+    // They are built in slices, each under the mutex on its own, so ingest waits at most one
+    // slice; rows of one job may then be a few slices apart.
+    auto rows = std::make_shared<std::vector<analysis::RankSnapshot>>();
     for (int first = 0; first < j.world_size; first += kRankRowsPerHold) {
       const auto slice_at = std::chrono::steady_clock::now();
       std::vector<analysis::RankSnapshot> slice;
@@ -563,18 +590,25 @@ void CollectorState::AdvanceExpireAndPublish(int64_t now) {
       const int64_t held = NanosSince(slice_at);
       view->rank_rows_locked_nanos += held;
       view->longest_hold_nanos = std::max(view->longest_hold_nanos, held);
-      rows.insert(rows.end(), std::make_move_iterator(slice.begin()),
-                  std::make_move_iterator(slice.end()));
+      rows->insert(rows->end(), std::make_move_iterator(slice.begin()),
+                   std::make_move_iterator(slice.end()));
     }
+    view->ranks.emplace(j.job, std::move(rows));
+    built_any = true;
   }
   const auto unlocked_at = std::chrono::steady_clock::now();
-  s.now_unix_nanos = now;
-  s.node_down_nanos = options_.node_down_nanos;
-  s.memory_budget_bytes = options_.max_memory_bytes;
-  for (const analysis::Finding& f : s.findings) ++view->findings_per_job[f.job];
-  SelectRankSeries(view.get());
+  if (built_any || view->ranks.size() != previous->ranks.size()) {
+    SelectRankSeries(view);
+  } else {
+    view->snapshot.top_ranks = previous->snapshot.top_ranks;
+    view->rank_series_dropped = previous->rank_series_dropped;
+  }
   view->build_unlocked_nanos = NanosSince(unlocked_at);
-  Publish(std::move(view));
+  view->rank_rows_rebuilt = rebuild;
+  if (rebuild) {
+    rank_rows_built_at_ = start;
+    rank_rows_cost_nanos_ = NanosSince(start);
+  }
 }
 
 void CollectorState::RunWithIngestLockHeld(const std::function<void()>& fn) {
@@ -685,7 +719,7 @@ absl::StatusOr<v1::ExplainResponse> CollectorState::Explain(absl::string_view jo
     out.set_scaling_efficiency_ratio(*snap->scaling_efficiency_ratio);
   }
   if (auto ranks = view->ranks.find(job); ranks != view->ranks.end()) {
-    for (const analysis::RankSnapshot& r : ranks->second) ToProto(r, out.add_ranks());
+    for (const analysis::RankSnapshot& r : *ranks->second) ToProto(r, out.add_ranks());
   }
   return out;
 }
@@ -725,7 +759,7 @@ void CollectorState::SelectRankSeries(PublishedView* view) const {
     auto found = view->ranks.find(jobs[j].job);
     if (found == view->ranks.end()) continue;
     ranks.clear();
-    for (const analysis::RankSnapshot& r : found->second) ranks.push_back(&r);
+    for (const analysis::RankSnapshot& r : *found->second) ranks.push_back(&r);
     std::sort(ranks.begin(), ranks.end(), slower);
     for (size_t i = 0; i < ranks.size(); ++i) {
       if (ranks[i]->straggler) {

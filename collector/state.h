@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -135,8 +136,10 @@ struct StateSnapshot {
 // `snapshot.now_unix_nanos` is the time of that Tick.
 struct PublishedView {
   StateSnapshot snapshot;
-  // Every job's ranks (for Explain), by job name.
-  absl::flat_hash_map<std::string, std::vector<analysis::RankSnapshot>> ranks;
+  // Every job's ranks (for Explain), by job name. Shared with the previous view when they were not
+  // rebuilt at this tick (see AdvanceExpireAndPublish).
+  absl::flat_hash_map<std::string, std::shared_ptr<const std::vector<analysis::RankSnapshot>>>
+      ranks;
   // Active findings per job name.
   absl::flat_hash_map<std::string, int> findings_per_job;
   // Ranks left out of snapshot.top_ranks by max_rank_series (counted per scrape).
@@ -150,6 +153,8 @@ struct PublishedView {
   int64_t rank_rows_locked_nanos = 0;
   int64_t longest_hold_nanos = 0;
   int64_t build_unlocked_nanos = 0;
+  // Whether this tick rebuilt every job's rank rows (else it shared the previous view's).
+  bool rank_rows_rebuilt = false;
 };
 
 class CollectorState {
@@ -245,7 +250,11 @@ class CollectorState {
   int64_t TrustedTime(int64_t sender_unix_nanos, int64_t now, const std::string& node)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tick without the reports' disk writes: advances, expires and publishes.
-  void AdvanceExpireAndPublish(int64_t now) ABSL_LOCKS_EXCLUDED(mu_);
+  void AdvanceExpireAndPublish(int64_t now) ABSL_LOCKS_EXCLUDED(mu_, tick_mu_);
+  // Fills view->ranks and the per-rank series, rebuilding the rows when they are cheap or old
+  // enough, else sharing the previous view's (jobs new since then always get rows).
+  void PublishRankRows(PublishedView* view) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Feeds every job's snapshot and findings to the reports.
   void ObserveReports(const std::vector<analysis::JobSnapshot>& jobs,
                       const std::vector<analysis::Finding>& findings, int64_t now)
@@ -293,6 +302,11 @@ class CollectorState {
   int64_t live_accounted_bytes_ ABSL_GUARDED_BY(counters_mu_) = 0;
 
   // The view readers answer from, swapped whole at each Tick; held only to copy the pointer.
+  // Serializes ticks; taken before mu_.
+  absl::Mutex tick_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // When every job's rank rows were last rebuilt (steady clock) and what that cost.
+  std::chrono::steady_clock::time_point rank_rows_built_at_ ABSL_GUARDED_BY(tick_mu_);
+  int64_t rank_rows_cost_nanos_ ABSL_GUARDED_BY(tick_mu_) = 0;
   mutable absl::Mutex published_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::shared_ptr<const PublishedView> published_ ABSL_GUARDED_BY(published_mu_);
 };

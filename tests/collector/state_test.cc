@@ -388,7 +388,7 @@ TEST(CollectorStateTest, PublishedViewDoesNotChangeAfterItIsPublished) {
   ASSERT_EQ(held->snapshot.jobs.size(), 1u);
   const int64_t last_step = held->snapshot.jobs[0].last_step;
   const uint64_t steps = held->snapshot.counters.steps_received;
-  const size_t ranks = held->ranks.at("job").size();
+  const size_t ranks = held->ranks.at("job")->size();
   for (uint64_t seq = 2; seq < 12; ++seq) {
     ASSERT_TRUE(state.Apply(StepBatch("n0", seq, "job", 4, seq, 0.1)).ok());
     ASSERT_TRUE(state.Apply(StepBatch("n1", seq, "job-" + std::to_string(seq), 8, 0, 0.1)).ok());
@@ -402,7 +402,7 @@ TEST(CollectorStateTest, PublishedViewDoesNotChangeAfterItIsPublished) {
   EXPECT_EQ(held->snapshot.counters.steps_received, steps);
   EXPECT_EQ(held->snapshot.nodes.size(), 1u);
   EXPECT_EQ(held->ranks.size(), 1u);
-  EXPECT_EQ(held->ranks.at("job").size(), ranks);
+  EXPECT_EQ(held->ranks.at("job")->size(), ranks);
 }
 
 // Readers answer from the published view while ingest holds its mutex (as a long Apply does).
