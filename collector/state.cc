@@ -353,7 +353,8 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
     // Validated before admission (a batch need not come from a real agent), so that invalid
     // steps cannot take job or rank slots.
     FillStepSample(event, node_name, now, &scratch_step_);
-    if (!ValidName(event.job()) || !analysis::ValidateStepEvent(scratch_step_).ok()) {
+    // The job rule (1-256 bytes of UTF-8 without control characters) is part of the step rules.
+    if (!analysis::ValidateStepEvent(scratch_step_).ok()) {
       ++counters_.steps_rejected["invalid"];
       continue;
     }
