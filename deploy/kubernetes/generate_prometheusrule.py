@@ -6,6 +6,7 @@ The rule files are the source: after changing them run
 Needs python3-yaml.
 """
 
+import argparse
 import glob
 import os
 import sys
@@ -59,8 +60,12 @@ def render(rules_dir=RULES_DIR):
 
 
 def main(argv):
-    out = argv[1] if len(argv) > 1 else OUT
-    with open(out, "w") as f:
+    parser = argparse.ArgumentParser(
+        description="Writes the PrometheusRule manifest generated from deploy/prometheus/rules.")
+    parser.add_argument("out", nargs="?", default=OUT,
+                        help="where to write it (default: %(default)s)")
+    args = parser.parse_args(argv[1:])
+    with open(args.out, "w") as f:
         f.write(render())
     return 0
 
