@@ -1,6 +1,7 @@
 #include "agent/agent_metrics.h"
 
 #include <exception>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/net.h"
@@ -111,8 +112,56 @@ std::vector<MetricFamily> AgentCollectable::Collect() const {
             kCounter, {{"node", node}, {"job", job}}, static_cast<double>(dropped));
     }
   }
-  if (sources_.shipper) {
-    const ShipperStats s = sources_.shipper();
+  std::optional<ShipperStats> shipper;
+  if (sources_.collectors) {
+    const CollectorRouterStats r = sources_.collectors();
+    shipper = r.total;
+    f.Add("stepwatch_agent_collectors", "Collectors in the current (resolved) --collector list.",
+          kGauge, nl, static_cast<double>(r.links.size()));
+    f.Add("stepwatch_agent_collectors_added_total",
+          "Collectors that appeared in the --collector list (a link was opened).", kCounter, nl,
+          static_cast<double>(r.links_added_total));
+    f.Add("stepwatch_agent_collectors_removed_total",
+          "Collectors that left the --collector list (their link was flushed and closed).",
+          kCounter, nl, static_cast<double>(r.links_removed_total));
+    f.Add("stepwatch_agent_collector_resolve_errors_total",
+          "Failed resolutions of --collector (the last list was kept).", kCounter, nl,
+          static_cast<double>(r.resolve_errors_total));
+    f.Add("stepwatch_agent_job_moves_total",
+          "Times a job's collectors changed (failover, return, list change).", kCounter, nl,
+          static_cast<double>(r.job_moves_total));
+    for (const CollectorLinkStats& l : r.links) {
+      const std::vector<ClientMetric::Label> cl = {{"node", node}, {"collector", l.collector}};
+      f.Add("stepwatch_agent_collector_connected", "1 while the stream to this collector is open.",
+            kGauge, cl, l.stats.connected ? 1 : 0);
+      f.Add("stepwatch_agent_collector_reachable",
+            "1 while this collector is connected or down for less than --failover-after (it "
+            "keeps its jobs).",
+            kGauge, cl, l.reachable ? 1 : 0);
+      f.Add("stepwatch_agent_collector_jobs", "Recent jobs of this node that this collector holds.",
+            kGauge, cl, static_cast<double>(l.jobs));
+      f.Add("stepwatch_agent_collector_buffer_batches",
+            "Report batches held until this collector acknowledges them.", kGauge, cl,
+            static_cast<double>(l.stats.buffered_batches));
+      f.Add("stepwatch_agent_collector_buffer_bytes", "Serialized size of the batches held.",
+            kGauge, cl, static_cast<double>(l.stats.buffered_bytes));
+      f.Add("stepwatch_agent_collector_batches_sent_total",
+            "Report batches written to this collector, resends included.", kCounter, cl,
+            static_cast<double>(l.stats.batches_sent_total));
+      f.Add("stepwatch_agent_collector_batches_acknowledged_total",
+            "Report batches this collector acknowledged.", kCounter, cl,
+            static_cast<double>(l.stats.batches_acknowledged_total));
+      f.Add("stepwatch_agent_collector_batches_dropped_total",
+            "Batches for this collector dropped unacknowledged because its buffer was full.",
+            kCounter, cl, static_cast<double>(l.stats.batches_dropped_total));
+      f.Add("stepwatch_agent_collector_connects_total", "Streams opened to this collector.",
+            kCounter, cl, static_cast<double>(l.stats.connects_total));
+    }
+  } else if (sources_.shipper) {
+    shipper = sources_.shipper();
+  }
+  if (shipper) {
+    const ShipperStats& s = *shipper;
     auto counter = [&](const char* name, const char* help, uint64_t v) {
       f.Add(absl::StrCat("stepwatch_agent_", name), help, kCounter, nl, static_cast<double>(v));
     };
@@ -121,7 +170,10 @@ std::vector<MetricFamily> AgentCollectable::Collect() const {
     };
     counter("events_dropped_total", "Step events dropped because too many were pending.",
             s.events_dropped_total);
-    counter("events_shipped_total", "Step events put into batches.", s.events_shipped_total);
+    counter("events_shipped_total",
+            "Step events put into batches, summed over collectors (an event sent to R "
+            "collectors counts R times).",
+            s.events_shipped_total);
     counter("batches_created_total", "Report batches created.", s.batches_created_total);
     counter("batches_sent_total", "Report batches written to the collector, resends included.",
             s.batches_sent_total);
@@ -144,11 +196,15 @@ std::vector<MetricFamily> AgentCollectable::Collect() const {
           static_cast<double>(s.buffered_batches));
     gauge("buffer_bytes", "Serialized size of the batches held.",
           static_cast<double>(s.buffered_bytes));
-    gauge("buffer_capacity_batches", "Most report batches held before the oldest are dropped.",
+    gauge("buffer_capacity_batches",
+          "Most report batches held per collector before the oldest are dropped.",
           static_cast<double>(sources_.buffer_capacity_batches));
     gauge("pending_events", "Step events waiting for the next batch.",
           static_cast<double>(s.pending_events));
-    gauge("connected", "1 while a stream to the collector is open.", s.connected ? 1 : 0);
+    gauge("connected",
+          "1 while the stream to every collector that holds this node's data is open (none of it "
+          "is only buffered).",
+          s.connected ? 1 : 0);
     if (s.spool) {
       gauge("spool_batches", "Report batches in the spool directory.",
             static_cast<double>(s.spool->batches));

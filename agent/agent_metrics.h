@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/collector_router.h"
 #include "agent/ingest_server.h"
 #include "agent/shipper.h"
 #include "prometheus/collectable.h"
@@ -23,7 +24,11 @@ struct AgentMetricsSources {
   // Capacity of the shipper's buffer, in batches.
   uint64_t buffer_capacity_batches = 0;
   std::function<IngestStats()> ingest;
+  // One collector's link (tests), or
   std::function<ShipperStats()> shipper;
+  // every collector's: the totals under the families of `shipper`, plus per-collector families
+  // (label `collector`) and the router's own counters. Used instead of `shipper` when set.
+  std::function<CollectorRouterStats()> collectors;
   std::function<NodeSnapshot()> samples;
 };
 

@@ -14,10 +14,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "agent/agent_metrics.h"
+#include "agent/collector_router.h"
 #include "agent/ingest_server.h"
 #include "agent/shipper.h"
-#include "agent/spool.h"
 #include "common/clock.h"
+#include "common/collectors.h"
 #include "common/flags.h"
 #include "common/log.h"
 #include "common/net.h"
@@ -28,7 +29,22 @@
 #include "security/client_security.h"
 
 ABSL_FLAG(std::string, collector, "127.0.0.1:7070",
-          "Collector gRPC address, HOST:PORT ([V6]:PORT for IPv6).");
+          "Collectors to ship to: HOST:PORT[,HOST:PORT...] ([V6]:PORT for IPv6), or "
+          "dns:///NAME:PORT where every address NAME resolves to is a collector (a Kubernetes "
+          "headless Service), re-resolved every --collector-resolve-interval. Each job goes to "
+          "--replicas of them (rendezvous hashing on the job id), each over its own stream.");
+ABSL_FLAG(double, collector_resolve_interval, 30.0,
+          "Seconds (1..86400) between resolutions of --collector (dns:/// names; a plain list "
+          "never changes). A collector that appears gets a link, one that disappears has its link "
+          "flushed and closed; a failed resolution keeps the last list.");
+ABSL_FLAG(int32_t, replicas, 2,
+          "Collectors that receive each job's step events (1..16; capped at the number of "
+          "collectors). The node's GPU and host samples go to every collector holding one of its "
+          "recent jobs.");
+ABSL_FLAG(double, failover_after, 2.0,
+          "Seconds (0.1..86400) a collector must be unreachable before its jobs move to the next "
+          "collector in their order (they move back once it reconnects). Shorter outages are only "
+          "buffered.");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA bundle that signed the collector's certificate: ship to the collector over TLS "
           "and verify it (its certificate must name the host in --collector). Empty: plaintext.");
@@ -53,18 +69,21 @@ ABSL_FLAG(std::string, node, "", "Node name used in every series. Default: the h
 ABSL_FLAG(double, interval, 1.0,
           "Seconds between report batches (and GPU/host samples); fractions such as 0.2 allowed.");
 ABSL_FLAG(int64_t, buffer, 600,
-          "Most unacknowledged report batches held for resending after a collector outage; when "
-          "full the oldest are dropped and counted.");
+          "Most unacknowledged report batches held per collector for resending after an outage; "
+          "when full the oldest are dropped and counted.");
 ABSL_FLAG(int64_t, buffer_bytes, 64 << 20,
-          "Most bytes of unacknowledged report batches held (a second bound next to --buffer).");
+          "Most bytes of unacknowledged report batches held per collector (a second bound next "
+          "to --buffer).");
 ABSL_FLAG(std::string, spool_dir, "",
           "Directory where every report batch is written before it is sent and kept until the "
           "collector acknowledges it; a restarted agent sends what it finds there first, under "
-          "the original ids. One directory per agent. Empty: unacknowledged batches are held in "
-          "memory only and lost if the agent dies.");
+          "the original ids. One directory per agent, with one subdirectory per collector "
+          "(collector-IP_PORT); the subdirectory of a collector that left the list stays and is "
+          "replayed if that address returns (delete it by hand otherwise). Empty: unacknowledged "
+          "batches are held in memory only and lost if the agent dies.");
 ABSL_FLAG(int64_t, spool_max_mib, 64,
-          "Most MiB of batches in --spool-dir (replaces --buffer-bytes when a spool is used); "
-          "when full the oldest are deleted and counted.");
+          "Most MiB of batches per collector in --spool-dir (replaces --buffer-bytes when a spool "
+          "is used); when full the oldest are deleted and counted.");
 ABSL_FLAG(int64_t, max_pending_events, 200000,
           "Most step events waiting for the next batch; more are dropped and counted.");
 ABSL_FLAG(std::string, nvml_library, "libnvidia-ml.so.1",
@@ -143,20 +162,31 @@ int main(int argc, char** argv) {
   spec.program = kProgram;
   spec.main_file = "agent/main.cc";
   spec.usage =
-      "stepwatch-agent --collector=HOST:PORT --socket=PATH [--node=NAME] [--interval=SECONDS]\n"
-      "    [--buffer=N] [--spool-dir=DIR] [--nvml-library=PATH] [--metrics-listen=HOST:PORT]\n\n"
+      "stepwatch-agent --collector=HOST:PORT[,HOST:PORT...]|dns:///NAME:PORT --socket=PATH\n"
+      "    [--replicas=N] [--node=NAME] [--interval=SECONDS] [--buffer=N] [--spool-dir=DIR]\n"
+      "    [--nvml-library=PATH] [--metrics-listen=HOST:PORT]\n\n"
       "Receives step events (one JSON object per datagram) from training processes on a Unix\n"
       "socket, samples the node's GPUs (NVML) and host, and streams both to the stepwatch\n"
-      "collector. Flag names may be written with dashes or underscores.";
+      "collectors: each job to --replicas of them. Flag names may be written with dashes or\n"
+      "underscores.";
   stepwatch::ParseFlagsOrExit(argc, argv, spec);
 
   // Validate values before starting anything.
   const std::string collector = absl::GetFlag(FLAGS_collector);
-  absl::StatusOr<stepwatch::HostPort> collector_hp = stepwatch::ParseHostPort(collector);
-  if (!collector_hp.ok() || collector_hp->host.empty() || collector_hp->port == 0) {
-    UsageError(absl::StrCat("--collector must be HOST:PORT with a non-zero port, got \"", collector,
-                            "\""));
+  absl::StatusOr<stepwatch::CollectorTargets> collector_targets =
+      stepwatch::ParseCollectorTargets(collector);
+  if (!collector_targets.ok()) {
+    UsageError(absl::StrCat("--collector must be HOST:PORT[,HOST:PORT...] or dns:///NAME:PORT (",
+                            collector_targets.status().message(), "), got \"", collector, "\""));
   }
+  const int32_t replicas = absl::GetFlag(FLAGS_replicas);
+  if (replicas < 1 || replicas > 16) {
+    UsageError(absl::StrCat("--replicas must be between 1 and 16, got ", replicas));
+  }
+  const absl::Duration resolve_interval =
+      SecondsFlag(absl::GetFlag(FLAGS_collector_resolve_interval), "collector-resolve-interval", 1);
+  const absl::Duration failover_after =
+      SecondsFlag(absl::GetFlag(FLAGS_failover_after), "failover-after", 0.1);
   const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (!metrics_listen.empty() && !stepwatch::ParseHostPort(metrics_listen).ok()) {
     UsageError(
@@ -268,26 +298,21 @@ int main(int argc, char** argv) {
   shipper_options.max_pending_events = static_cast<size_t>(max_pending);
   shipper_options.backoff.max = max_backoff;
   shipper_options.backoff.initial = std::min(absl::Milliseconds(100), max_backoff);
-  std::unique_ptr<agent::Spool> spool;
+  agent::CollectorRouterOptions router_options;
+  router_options.targets = *collector_targets;
+  router_options.resolve_interval = resolve_interval;
+  router_options.replicas = replicas;
+  router_options.failover_after = failover_after;
+  router_options.link = shipper_options;
+  // Links to resolved addresses verify the certificate against the name that was resolved.
+  router_options.link.tls_server_name = collector_targets->dns_name;
   if (!spool_dir.empty()) {
-    agent::SpoolOptions spool_options;
-    spool_options.dir = spool_dir;
-    absl::StatusOr<std::unique_ptr<agent::Spool>> opened =
-        agent::Spool::Open(spool_options, shipper_options.agent_id);
-    if (!opened.ok()) {
-      stepwatch::StartupError(spec.program,
-                              absl::StrCat("--spool-dir: ", opened.status().message()));
-    }
-    spool = *std::move(opened);
-    const agent::SpoolStats ss = spool->stats();
-    SW_LOG_INFO << "spool " << spool_dir << ": " << ss.replayed_batches_total
-                << " batches to replay (" << ss.bytes << " bytes), " << ss.corrupt_records_total
-                << " unreadable skipped";
-    shipper_options.spool = spool.get();
-    shipper_options.max_buffered_bytes = static_cast<size_t>(spool_max_mib) << 20;
+    router_options.spool.dir = spool_dir;
+    router_options.link.max_buffered_bytes = static_cast<size_t>(spool_max_mib) << 20;
   }
-  agent::Shipper shipper(shipper_options, gpus.get(), host.get());
-  if (absl::Status st = shipper.Start(); !st.ok()) {
+  agent::CollectorRouter router(router_options, gpus.get(), host.get());
+  // Fails on a --spool-dir that cannot be used: that must fail the start, not only log.
+  if (absl::Status st = router.Start(); !st.ok()) {
     SW_LOG_ERROR << "cannot start shipping: " << st;
     return 1;
   }
@@ -328,10 +353,10 @@ int main(int argc, char** argv) {
     ingest_options.max_connections = static_cast<int>(max_connections);
   }
   absl::StatusOr<std::unique_ptr<agent::IngestServer>> ingest = agent::IngestServer::Start(
-      ingest_options, [&shipper](v1::StepEvent&& event) { shipper.AddStep(std::move(event)); });
+      ingest_options, [&router](v1::StepEvent&& event) { router.AddStep(std::move(event)); });
   if (!ingest.ok()) {
     SW_LOG_ERROR << "cannot open the ingest socket: " << ingest.status();
-    shipper.Stop(absl::ZeroDuration());
+    router.Stop(absl::ZeroDuration());
     return 1;
   }
 
@@ -342,8 +367,8 @@ int main(int argc, char** argv) {
     sources.buffer_capacity_batches = static_cast<uint64_t>(buffer);
     agent::IngestServer* ingest_ptr = ingest->get();
     sources.ingest = [ingest_ptr] { return ingest_ptr->stats(); };
-    sources.shipper = [&shipper] { return shipper.stats(); };
-    sources.samples = [&shipper] { return shipper.LatestSamples(); };
+    sources.collectors = [&router] { return router.stats(); };
+    sources.samples = [&router] { return router.LatestSamples(); };
     security::MetricsEndpointOptions endpoint;
     endpoint.listen = metrics_listen;
     endpoint.basic_auth_file = absl::GetFlag(FLAGS_metrics_basic_auth_file);
@@ -354,7 +379,7 @@ int main(int argc, char** argv) {
     if (!m.ok()) {
       SW_LOG_ERROR << m.status();
       (*ingest)->Stop();
-      shipper.Stop(absl::ZeroDuration());
+      router.Stop(absl::ZeroDuration());
       return 1;
     }
     metrics = *std::move(m);
@@ -366,8 +391,9 @@ int main(int argc, char** argv) {
                       ? std::string()
                       : absl::StrCat(" and ", (*ingest)->seqpacket_path()))
               << " (receive buffer " << (*ingest)->receive_buffer_bytes() << " bytes), shipping to "
-              << collector << " every " << absl::FormatDuration(interval) << " (agent_id "
-              << shipper_options.agent_id << ", boot_id " << shipper.boot_id() << ")";
+              << collector << " (" << router.collectors().size() << " collectors now, " << replicas
+              << " per job) every " << absl::FormatDuration(interval) << " (agent_id "
+              << shipper_options.agent_id << ")";
 
   int sig = 0;
   while (sigwait(&signals, &sig) != 0) {
@@ -375,9 +401,9 @@ int main(int argc, char** argv) {
   SW_LOG_INFO << "received " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down";
   // Stop taking events first, then flush what was taken.
   (*ingest)->Stop();
-  shipper.Stop(shutdown_timeout);
+  router.Stop(shutdown_timeout);
   metrics.reset();
-  const agent::ShipperStats s = shipper.stats();
+  const agent::ShipperStats s = router.stats().total;
   SW_LOG_INFO << "stopped: " << s.events_shipped_total << " events shipped, "
               << s.batches_acknowledged_total << " of " << s.batches_created_total
               << " batches acknowledged, " << s.batches_dropped_total << " dropped";

@@ -148,4 +148,12 @@ size_t RankExitTracker::size() const {
   return size_;
 }
 
+std::vector<std::string> RankExitTracker::JobsWithLiveSenders() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> jobs;
+  jobs.reserve(jobs_.size());
+  for (const auto& entry : jobs_) jobs.push_back(entry.first);
+  return jobs;
+}
+
 }  // namespace stepwatch::agent

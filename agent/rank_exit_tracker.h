@@ -51,6 +51,10 @@ class RankExitTracker {
   // Entries held now.
   size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Jobs with at least one rank whose sender was running at the last Check(): a job that has
+  // stopped stepping but whose processes live (hung, or in a long checkpoint).
+  std::vector<std::string> JobsWithLiveSenders() const ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct Entry {
     pid_t pid = 0;

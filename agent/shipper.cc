@@ -63,6 +63,7 @@ absl::Status Shipper::Start() {
     absl::MutexLock lock(&mu_);
     if (started_) return absl::FailedPreconditionError("already started");
     started_ = true;
+    link_since_ = clock_->TimeNow();
     if (options_.spool != nullptr) {
       // What an earlier process left goes out first; new batches continue above its seqs.
       last_seq_ = options_.spool->last_seq();
@@ -86,12 +87,13 @@ absl::Status Shipper::Start() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, Millis(options_.backoff.initial));
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, Millis(options_.backoff.initial));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, Millis(options_.backoff.max));
+  if (!options_.tls_server_name.empty()) args.SetSslTargetNameOverride(options_.tls_server_name);
   channel_ = grpc::CreateCustomChannel(
       options_.collector,
       options_.credentials != nullptr ? options_.credentials : grpc::InsecureChannelCredentials(),
       args);
   stub_ = v1::Ingest::NewStub(channel_);
-  ticker_ = std::thread([this] { TickerLoop(); });
+  if (options_.own_schedule) ticker_ = std::thread([this] { TickerLoop(); });
   streamer_ = std::thread([this] { StreamLoop(); });
   return absl::OkStatus();
 }
@@ -154,6 +156,11 @@ ShipperStats Shipper::stats() const {
   return s;
 }
 
+LinkState Shipper::link_state() const {
+  absl::MutexLock lock(&mu_);
+  return LinkState{stats_.connected, link_since_};
+}
+
 NodeSnapshot Shipper::LatestSamples() const {
   absl::MutexLock lock(&sample_mu_);
   return latest_;
@@ -212,26 +219,41 @@ void Shipper::CutBatches(bool with_samples) {
   std::vector<v1::RankExit> exits;
   if (with_samples) exits = exits_.Check(now);
 
-  std::vector<v1::StepEvent> steps;
+  CutContents cut;
+  cut.created_unix_nanos = now;
+  cut.node = std::move(node);
+  cut.gpus = std::move(gpus);
+  cut.host = std::move(host);
+  cut.rank_exits = std::move(exits);
   {
     absl::MutexLock lock(&mu_);
-    steps.swap(pending_);
-    stats_.rank_exits_total += exits.size();
+    cut.steps.swap(pending_);
+    stats_.rank_exits_total += cut.rank_exits.size();
     stats_.gpu_sample_errors_total += gpu_errors;
     stats_.host_sample_errors_total += host_errors;
   }
-  // Build outside the lock: AddStep must stay cheap for the ingest thread.
+  EnqueueLocked(std::move(cut));
+}
+
+void Shipper::Enqueue(CutContents cut) {
+  absl::MutexLock cut_lock(&cut_mu_);
+  EnqueueLocked(std::move(cut));
+}
+
+void Shipper::EnqueueLocked(CutContents cut) {
+  // Build outside mu_: AddStep must stay cheap for the ingest thread.
+  std::vector<v1::StepEvent>& steps = cut.steps;
   std::vector<std::shared_ptr<v1::ReportBatch>> batches;
   size_t next_step = 0;
   do {
     auto batch = std::make_shared<v1::ReportBatch>();
     batch->set_agent_id(options_.agent_id);
     batch->set_boot_id(boot_id_);
-    batch->set_created_unix_nanos(now);
-    *batch->mutable_node() = node;
+    batch->set_created_unix_nanos(cut.created_unix_nanos);
+    *batch->mutable_node() = cut.node;
     if (batches.empty()) {
-      for (auto& g : gpus) *batch->add_gpus() = std::move(g);
-      if (host) *batch->mutable_host() = std::move(*host);
+      for (auto& g : cut.gpus) *batch->add_gpus() = std::move(g);
+      if (cut.host) *batch->mutable_host() = std::move(*cut.host);
     }
     const size_t end = std::min(steps.size(), next_step + options_.max_events_per_batch);
     batch->mutable_steps()->Reserve(static_cast<int>(end - next_step));
@@ -239,7 +261,7 @@ void Shipper::CutBatches(bool with_samples) {
     batches.push_back(std::move(batch));
   } while (next_step < steps.size());
   // The exits ride in the last batch, after every step of this cut.
-  for (auto& x : exits) *batches.back()->add_rank_exits() = std::move(x);
+  for (auto& x : cut.rank_exits) *batches.back()->add_rank_exits() = std::move(x);
 
   {
     absl::MutexLock lock(&mu_);
@@ -367,6 +389,7 @@ bool Shipper::RunStream() {
   {
     absl::MutexLock lock(&mu_);
     stats_.connected = true;
+    link_since_ = clock_->TimeNow();
     ++stats_.connects_total;
   }
   std::thread reader([this, &stream] {
@@ -416,6 +439,7 @@ bool Shipper::RunStream() {
   const bool acked = acked_on_stream_;
   if (stop_) why.clear();  // shutting down is not worth a warning
   stats_.connected = false;
+  link_since_ = clock_->TimeNow();
   mu_.Unlock();
 
   // A stream the collector closed has ended on its own, and Finish() then reports the

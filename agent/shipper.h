@@ -1,5 +1,8 @@
-// Ships what the agent saw to the collector: every interval one ReportBatch (step events received
+// Ships what the agent saw to ONE collector: every interval one ReportBatch (step events received
 // since the last one, GPU samples, a host sample) on ONE long-lived Ingest.Report stream.
+// A Shipper either cuts its batches on its own schedule (one collector: it samples and takes the
+// steps itself), or is one link of a CollectorRouter, which samples once per interval for every
+// collector and hands each link its part with Enqueue().
 // Unacknowledged batches stay in a bounded buffer and are resent in order after a reconnect, so a
 // collector restart loses nothing within the buffer; when the buffer is full the oldest batches
 // are dropped and counted. With a Spool every batch is also written to disk before it is first
@@ -71,10 +74,16 @@ struct ShipperOptions {
   // Time of batches and step events, and of every wait: the interval, the reconnect backoff, the
   // connect, acknowledgement and flush timeouts. nullptr means the system clock.
   const Clock* clock = nullptr;
+  // With TLS, the name the collector's certificate must carry when `collector` is an IP address
+  // resolved from a DNS name (dns:///NAME:PORT); empty: the host in `collector`.
+  std::string tls_server_name;
   // Channel credentials (security::MakeChannelCredentials); nullptr means plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Bearer token sent on every stream; nullptr sends none.
   std::shared_ptr<security::TokenSource> token;
+  // True: a ticker cuts batches every `interval` from AddStep() and the sources. False: nothing is
+  // cut here; the owner feeds the link with Enqueue() (gpus/host are then unused).
+  bool own_schedule = true;
   // Durable copy of the buffer; nullptr keeps batches in memory only. When set, its boot_id and
   // seqs are used (options.boot_id is ignored) and its batches are sent first. Must outlive the
   // Shipper.
@@ -106,6 +115,24 @@ struct ShipperStats {
   uint64_t acked_seq = 0;
   // Filled in when a spool is used.
   std::optional<SpoolStats> spool;
+};
+
+// What one cut carries to one collector: the contents of its batches before seqs are given.
+struct CutContents {
+  int64_t created_unix_nanos = 0;
+  v1::NodeInfo node;
+  std::vector<v1::StepEvent> steps;
+  std::vector<v1::GpuSample> gpus;
+  std::optional<v1::HostSample> host;
+  // Ride in the last batch of the cut, after every step.
+  std::vector<v1::RankExit> rank_exits;
+};
+
+// Whether the stream is open, and since when it is (or is not).
+struct LinkState {
+  bool connected = false;
+  // When the stream last opened (connected) or closed; the Start() time if it never opened.
+  absl::Time since = absl::InfinitePast();
 };
 
 // The latest readings, for the agent's own /metrics.
@@ -140,6 +167,13 @@ class Shipper {
   // Cuts a batch now, outside the interval schedule (tests and shutdown).
   void FlushNow();
 
+  // Turns one cut into batches (split by max_events_per_batch), gives them seqs, spools them and
+  // queues them for the stream. For links with own_schedule = false; thread-safe.
+  void Enqueue(CutContents cut);
+
+  // Stream state, for failover decisions.
+  LinkState link_state() const;
+
   // Cuts a last batch, waits up to `flush_timeout` for the collector to acknowledge everything,
   // then closes the stream and joins the threads. Idempotent.
   void Stop(absl::Duration flush_timeout = absl::Seconds(2));
@@ -163,6 +197,7 @@ class Shipper {
   bool RunStream();
   bool WaitForChannel();
   void CutBatches(bool with_samples);
+  void EnqueueLocked(CutContents cut) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cut_mu_);
   // Writes freshly cut batches to the spool before anyone may send them.
   void SpoolBatches(const std::vector<std::shared_ptr<v1::ReportBatch>>& batches);
   void OnAck(const v1::IngestAck& ack);
@@ -190,7 +225,8 @@ class Shipper {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Ingest::Stub> stub_;
 
-  // Serializes CutBatches (ticker, FlushNow, Stop): the sources need not be thread-safe.
+  // Serializes CutBatches (ticker, FlushNow, Stop) and Enqueue: the sources need not be
+  // thread-safe, and seqs reach the buffer in order.
   absl::Mutex cut_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   // Waits on mu_ go through clock_ (AwaitWithDeadline), so that a SimulatedClock drives them.
   mutable absl::Mutex mu_;
@@ -211,6 +247,7 @@ class Shipper {
   bool acked_on_stream_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   ShipperStats stats_ ABSL_GUARDED_BY(mu_);
+  absl::Time link_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   LogRateLimiter spool_log_{3, std::chrono::seconds(60)};
 

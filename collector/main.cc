@@ -77,8 +77,10 @@ ABSL_FLAG(double, node_down_after, 15,
 ABSL_FLAG(int32_t, max_jobs, 1000, "Most jobs tracked; steps of further jobs are dropped.");
 ABSL_FLAG(int32_t, max_ranks_per_job, 100000,
           "Most ranks per job (world size); steps of larger jobs are dropped.");
-ABSL_FLAG(int32_t, max_nodes, 10000,
-          "Most nodes tracked; further nodes' GPU/host data is dropped.");
+ABSL_FLAG(int32_t, max_nodes, 20000,
+          "Most nodes tracked; further nodes' GPU/host samples are dropped and counted "
+          "(stepwatch_collector_limit_hits_total{limit=\"nodes\"}), the first refusal logged as "
+          "a warning.");
 ABSL_FLAG(int32_t, max_gpus_per_node, 64, "Most GPUs tracked per node.");
 ABSL_FLAG(int32_t, max_memory_mib, -1,
           "Memory budget in MiB for the jobs, ranks, nodes and GPUs tracked, each charged its "
@@ -99,8 +101,16 @@ ABSL_FLAG(int32_t, max_series, 100000,
           "Most series on /metrics in all (0: no cap), the collector's own aside; filled in "
           "order of importance (findings, flagged ranks, jobs, per-rank series, node up, GPU "
           "utilization, SM activity, other node and GPU series, hosts), those left out counted "
-          "in stepwatch_collector_series_dropped_total{family}. The default keeps 10,000 nodes "
-          "of 8 GPUs under 10 MB.");
+          "in stepwatch_collector_series_dropped_total{family}. With --export-node-metrics=all "
+          "the default keeps 10,000 nodes of 8 GPUs under 10 MB.");
+ABSL_FLAG(std::string, export_node_metrics, "findings",
+          "Which GPU and host readings /metrics re-exports. findings: only those of the nodes "
+          "and GPUs that current findings name (a straggler's GPU, a slow node's GPUs, an "
+          "underutilized or idle GPU, with their node's host readings), plus "
+          "stepwatch_node_up of those nodes and of nodes gone quiet; its size follows the "
+          "findings, not the fleet. Every node's raw readings are on its agent's /metrics "
+          "(agent --metrics-listen), scraped per node. all: every node's and GPU's readings, "
+          "for a small fleet served by one collector.");
 ABSL_FLAG(int32_t, top_ranks, 5,
           "Per job, how many of the slowest ranks get per-rank series on /metrics "
           "(stepwatch_rank_busy_vs_median_ratio) besides every flagged rank; 0: flagged ranks "
@@ -252,6 +262,15 @@ int main(int argc, char** argv) {
   options.save_interval_nanos = SecondsToNanos(absl::GetFlag(FLAGS_save_interval));
   options.metrics.max_finding_series = absl::GetFlag(FLAGS_max_finding_series);
   options.metrics.max_series = std::max(0, absl::GetFlag(FLAGS_max_series));
+  if (const std::string scope = absl::GetFlag(FLAGS_export_node_metrics); scope == "findings") {
+    options.metrics.export_node_metrics = stepwatch::collector::NodeMetricsExport::kFindings;
+  } else if (scope == "all") {
+    options.metrics.export_node_metrics = stepwatch::collector::NodeMetricsExport::kAll;
+  } else {
+    stepwatch::UsageError(
+        spec.program,
+        absl::StrCat("--export-node-metrics must be findings or all, got \"", scope, "\""));
+  }
   options.max_receive_message_bytes = std::min(absl::GetFlag(FLAGS_max_receive_message_mib), 1024)
                                       << 20;
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iterator>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -222,42 +223,81 @@ void AddTableSeries(const Metric& m, const std::string& name, const Sample& samp
   });
 }
 
-// The GPU metrics of `importance` for every GPU, metric by metric: under the total cap, every GPU
-// gets a series of one metric before any GPU gets one of the next.
-void AddGpuMetrics(const StateSnapshot& s, metrics::Importance importance, Builder* b) {
+// A node whose series are exported, and which of them.
+struct ExportedNode {
+  const NodeView* view = nullptr;
+  // Its host and GPU readings; without them only its up and last-seen series (a quiet node).
+  bool readings = true;
+  // The GPUs whose readings are exported; null: every GPU of the node.
+  const std::set<int>* gpus = nullptr;
+  bool Exports(const v1::GpuSample& g) const {
+    return readings && (gpus == nullptr || gpus->count(static_cast<int>(g.index())) > 0);
+  }
+};
+
+// The nodes of the snapshot to export, in its order (by name). Under kFindings: those current
+// findings name (their readings, of the GPUs involved) and the quiet ones (up 0, no readings: an
+// agent that stopped reaching this collector is news only the collector has); every other node's
+// readings are on its agent's /metrics.
+std::vector<ExportedNode> NodesToExport(const StateSnapshot& s, const MetricsOptions& o,
+                                        const std::map<std::string, InvolvedNode>& involved) {
+  std::vector<ExportedNode> out;
+  if (o.export_node_metrics == NodeMetricsExport::kAll) {
+    out.reserve(s.nodes.size());
+    for (const NodeView& n : s.nodes) out.push_back({&n, true, nullptr});
+    return out;
+  }
+  for (const NodeView& n : s.nodes) {
+    const bool quiet = s.now_unix_nanos - n.last_seen_unix_nanos > s.node_down_nanos;
+    auto it = involved.find(n.node);
+    if (it != involved.end()) {
+      out.push_back({&n, true, it->second.every_gpu ? nullptr : &it->second.gpus});
+    } else if (quiet) {
+      out.push_back({&n, false, nullptr});
+    }
+  }
+  return out;
+}
+
+// The GPU metrics of `importance` for every exported GPU, metric by metric: under the total cap,
+// every GPU gets a series of one metric before any GPU gets one of the next.
+void AddGpuMetrics(const std::vector<ExportedNode>& nodes, metrics::Importance importance,
+                   Builder* b) {
   b->SetGroup("gpu");
   for (const metrics::GpuMetric& m : metrics::GpuMetrics()) {
     if (m.importance != importance || !metrics::CollectorExports(m)) continue;
     const std::string name = absl::StrCat(metrics::kCollectorPrefix, m.name);
-    for (const NodeView& n : s.nodes) {
-      if (b->Full()) {
-        // Only counted: building 100,000s of label sets to drop them would slow every scrape.
-        for (const v1::GpuSample& g : n.gpus) b->DropCurrent(metrics::SeriesCount(m, g));
-        continue;
-      }
-      for (const v1::GpuSample& g : n.gpus) {
-        AddTableSeries(m, name, g, n.node, absl::StrCat(g.index()), b);
+    for (const ExportedNode& e : nodes) {
+      for (const v1::GpuSample& g : e.view->gpus) {
+        if (!e.Exports(g)) continue;
+        if (b->Full()) {
+          // Only counted: building 100,000s of label sets to drop them would slow every scrape.
+          b->DropCurrent(metrics::SeriesCount(m, g));
+        } else {
+          AddTableSeries(m, name, g, e.view->node, absl::StrCat(g.index()), b);
+        }
       }
     }
   }
 }
 
-void AddNodes(const StateSnapshot& s, Builder* b) {
+void AddNodes(const StateSnapshot& s, const std::vector<ExportedNode>& nodes, Builder* b) {
   b->SetGroup("node");
-  for (const NodeView& n : s.nodes) {
-    const Labels node{{"node", n.node}};
+  for (const ExportedNode& e : nodes) {
+    const NodeView& n = *e.view;
     const bool up = s.now_unix_nanos - n.last_seen_unix_nanos <= s.node_down_nanos;
-    b->Gauge("stepwatch_node_up", "1 while the node's agent reports, 0 when it went quiet.", node,
-             up ? 1 : 0);
+    b->Gauge("stepwatch_node_up", "1 while the node's agent reports, 0 when it went quiet.",
+             {{"node", n.node}}, up ? 1 : 0);
   }
   // Utilization and SM activity of every GPU come before the rest of any node's series.
-  AddGpuMetrics(s, metrics::Importance::kHigh, b);
+  AddGpuMetrics(nodes, metrics::Importance::kHigh, b);
   b->SetGroup("node");
-  for (const NodeView& n : s.nodes) {
+  for (const ExportedNode& e : nodes) {
     if (b->Full()) {
       b->DropCurrent(2);
       continue;
     }
+    const NodeView& n = *e.view;
     const Labels node{{"node", n.node}};
     b->Gauge("stepwatch_node_last_seen_timestamp_seconds",
              "When the node's agent last reported, Unix seconds.", node,
@@ -265,10 +305,11 @@ void AddNodes(const StateSnapshot& s, Builder* b) {
     b->Gauge("stepwatch_node_nvml_available", "1 when the node's agent could load NVML.", node,
              n.info.nvml_available() ? 1 : 0);
   }
-  AddGpuMetrics(s, metrics::Importance::kNormal, b);
+  AddGpuMetrics(nodes, metrics::Importance::kNormal, b);
   b->SetGroup("host");
-  for (const NodeView& n : s.nodes) {
-    if (!n.host.has_value()) continue;
+  for (const ExportedNode& e : nodes) {
+    const NodeView& n = *e.view;
+    if (!e.readings || !n.host.has_value()) continue;
     for (const metrics::HostMetric& m : metrics::HostMetrics()) {
       if (!metrics::CollectorExports(m)) continue;
       if (b->Full()) {
@@ -353,7 +394,8 @@ void AddCollectorHealth(const StateSnapshot& s, const SeriesDrops& dropped, Buil
   b->Gauge("stepwatch_collector_agents_connected", "Agents with an open ingest stream.", {},
            s.agents_connected);
   b->Gauge("stepwatch_collector_jobs", "Jobs tracked.", {}, s.jobs.size());
-  b->Gauge("stepwatch_collector_nodes", "Nodes tracked.", {}, s.nodes.size());
+  b->Gauge("stepwatch_collector_nodes", "Nodes tracked.", {},
+           std::max(s.nodes_tracked, s.nodes.size()));
   b->Gauge("stepwatch_collector_memory_accounted_bytes",
            "Bytes charged against the memory budget for the jobs, ranks, nodes and GPUs tracked.",
            {}, static_cast<double>(s.memory_accounted_bytes));
@@ -381,7 +423,10 @@ std::vector<MetricFamily> BuildMetricFamilies(const StateSnapshot& snapshot,
   AddRanks(snapshot, /*flagged=*/true, &b);
   AddJobs(snapshot, &b);
   AddRanks(snapshot, /*flagged=*/false, &b);
-  AddNodes(snapshot, &b);
+  const std::map<std::string, InvolvedNode> involved =
+      options.export_node_metrics == NodeMetricsExport::kAll ? std::map<std::string, InvolvedNode>()
+                                                             : InvolvedNodes(snapshot.findings);
+  AddNodes(snapshot, NodesToExport(snapshot, options, involved), &b);
   AddCollectorHealth(snapshot, local, &b);
   if (dropped != nullptr) {
     for (const auto& [family, n] : local) (*dropped)[family] += n;
@@ -390,7 +435,10 @@ std::vector<MetricFamily> BuildMetricFamilies(const StateSnapshot& snapshot,
 }
 
 std::vector<MetricFamily> StateCollectable::Collect() const {
-  StateSnapshot snapshot = state_->Snapshot();
+  // Under kFindings only the nodes exported are copied: a scrape costs what it shows.
+  StateSnapshot snapshot = state_->Snapshot(options_.export_node_metrics == NodeMetricsExport::kAll
+                                                ? NodeScope::kAll
+                                                : NodeScope::kInvolved);
   {
     absl::MutexLock lock(&mu_);
     snapshot.counters.series_dropped = dropped_;  // earlier scrapes'

@@ -17,15 +17,26 @@
 
 namespace stepwatch::collector {
 
+// Which GPU and host readings /metrics re-exports (--export-node-metrics).
+enum class NodeMetricsExport {
+  // Those of the nodes and GPUs current findings name (InvolvedNodes), with stepwatch_node_up of
+  // those nodes and of every quiet one: bounded by the findings, whatever the fleet's size. The
+  // raw view of every node is on its agent's /metrics.
+  kFindings,
+  // Every node's and GPU's readings: a small fleet with one collector scraped alone.
+  kAll,
+};
+
 struct MetricsOptions {
+  NodeMetricsExport export_node_metrics = NodeMetricsExport::kFindings;
   // At most this many stepwatch_finding series (one per active finding); the counts per
   // (job, kind, severity) in stepwatch_findings are always complete.
   int max_finding_series = 1000;
   // At most this many series in all (0: no cap), the collector's own health series aside. They
   // are filled in order of importance: finding counts, findings and flagged ranks, job-level
   // series, per-rank series, node up, every GPU's utilization then SM activity, the other node
-  // and GPU readings, host readings. The default keeps 10,000 nodes of 8 GPUs under 10 MB of
-  // exposition with every node's up and every GPU's utilization (docs/performance.md).
+  // and GPU readings, host readings. With kAll, the default keeps 10,000 nodes of 8 GPUs under
+  // 10 MB of exposition with every node's up and every GPU's utilization (docs/performance.md).
   int max_series = 100000;
 };
 

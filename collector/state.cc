@@ -36,6 +36,26 @@ int64_t NanosSince(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
+std::map<std::string, InvolvedNode> InvolvedNodes(const std::vector<analysis::Finding>& findings) {
+  std::map<std::string, InvolvedNode> out;
+  for (const analysis::Finding& f : findings) {
+    if (!f.node.empty()) {
+      InvolvedNode& n = out[f.node];
+      if (f.gpu >= 0) {
+        n.gpus.insert(f.gpu);
+      } else {
+        n.every_gpu = true;
+      }
+    }
+    for (const analysis::DeviceEvidence& d : f.evidence.devices) {
+      if (d.node.empty()) continue;
+      InvolvedNode& n = out[d.node];
+      if (d.gpu >= 0) n.gpus.insert(d.gpu);
+    }
+  }
+  return out;
+}
+
 MemoryCosts MemoryCostsFor(const analysis::EngineOptions& engine) {
   // Heap bytes measured by bench/collector/memory_cost_bench.cc (glibc malloc, x86-64, default
   // engine options), rounded up; re-measure when the engine's per-rank state changes. A rank is
@@ -557,7 +577,15 @@ void CollectorState::AdvanceExpireAndPublish(int64_t now) {
   s.now_unix_nanos = now;
   s.node_down_nanos = options_.node_down_nanos;
   s.memory_budget_bytes = options_.max_memory_bytes;
+  s.nodes_tracked = s.nodes.size();
   for (const analysis::Finding& f : s.findings) ++view->findings_per_job[f.job];
+  // Outside the ingest mutex: sorted once per tick so that no scrape scans every node.
+  view->nodes_by_last_seen.resize(s.nodes.size());
+  for (size_t i = 0; i < s.nodes.size(); ++i) view->nodes_by_last_seen[i] = i;
+  std::sort(view->nodes_by_last_seen.begin(), view->nodes_by_last_seen.end(),
+            [&nodes = s.nodes](uint32_t a, uint32_t b) {
+              return nodes[a].last_seen_unix_nanos < nodes[b].last_seen_unix_nanos;
+            });
   PublishRankRows(view.get());
   Publish(std::move(view));
 }
@@ -725,15 +753,46 @@ absl::StatusOr<v1::ExplainResponse> CollectorState::Explain(absl::string_view jo
   return out;
 }
 
-StateSnapshot CollectorState::Snapshot() const {
+StateSnapshot CollectorState::Snapshot(NodeScope scope) const {
   const std::shared_ptr<const PublishedView> view = Published();
-  StateSnapshot s = view->snapshot;
+  const StateSnapshot& published = view->snapshot;
+  const int64_t now = clock_->NowUnixNanos();
+  StateSnapshot s;
+  if (scope == NodeScope::kAll) {
+    s = published;
+  } else {
+    // Everything but the nodes (bounded by the jobs, findings and rank-series limits), then the
+    // nodes involved: the copy costs what the scrape exports, not the fleet.
+    s.node_down_nanos = published.node_down_nanos;
+    s.jobs = published.jobs;
+    s.findings = published.findings;
+    s.top_ranks = published.top_ranks;
+    s.nodes_tracked = published.nodes_tracked;
+    s.memory_budget_bytes = published.memory_budget_bytes;
+    s.detector_timings = published.detector_timings;
+    std::vector<uint32_t> picked;
+    const std::vector<NodeView>& nodes = published.nodes;
+    for (const auto& [name, involved] : InvolvedNodes(published.findings)) {
+      auto it =
+          std::lower_bound(nodes.begin(), nodes.end(), name,
+                           [](const NodeView& n, const std::string& key) { return n.node < key; });
+      if (it != nodes.end() && it->node == name) picked.push_back(it - nodes.begin());
+    }
+    for (uint32_t i : view->nodes_by_last_seen) {
+      if (now - nodes[i].last_seen_unix_nanos <= published.node_down_nanos) break;
+      picked.push_back(i);
+    }
+    std::sort(picked.begin(), picked.end());
+    picked.erase(std::unique(picked.begin(), picked.end()), picked.end());
+    s.nodes.reserve(picked.size());
+    for (uint32_t i : picked) s.nodes.push_back(nodes[i]);
+  }
   {
     absl::MutexLock lock(&counters_mu_);
     s.counters = live_counters_;
     s.memory_accounted_bytes = live_accounted_bytes_;
   }
-  s.now_unix_nanos = clock_->NowUnixNanos();
+  s.now_unix_nanos = now;
   s.agents_connected = agents_connected_.load();
   s.counters.rank_series_dropped =
       rank_series_dropped_.fetch_add(view->rank_series_dropped) + view->rank_series_dropped;

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -41,7 +42,7 @@ struct CollectorStateOptions {
   int64_t node_down_nanos = 15'000'000'000;
   // Limits; what would exceed one is dropped and counted in limit_hits{limit}. The limits on jobs
   // and ranks per job are the engine's (engine.max_jobs, engine.max_ranks_per_job).
-  int max_nodes = 10000;
+  int max_nodes = 20000;
   int max_gpus_per_node = 64;
   // Memory budget in bytes for what the collector tracks (0: none). Every job, rank, node and GPU
   // is charged an accounted cost (MemoryCosts) when first admitted; what would exceed the budget
@@ -112,6 +113,25 @@ struct CollectorCounters {
   std::map<std::string, uint64_t> series_dropped;
 };
 
+// What current findings point at on one node: their GPUs, or every GPU of the node.
+struct InvolvedNode {
+  bool every_gpu = false;
+  std::set<int> gpus;
+};
+
+// The nodes and GPUs that `findings` are about, by node name: a finding's node with its GPU, or
+// every GPU of the node when the finding names none (a slow node: its detector weighs every GPU
+// of the node's ranks, and one throttled GPU may be the whole story), and every device of its
+// evidence. A pipeline imbalance names a node only when its slowest stage runs on one (else the
+// stage's work, not a machine, is the suspect); job-level findings (scaling, regression, stall)
+// name none. At most one entry per finding's node and device, so bounded by the findings.
+std::map<std::string, InvolvedNode> InvolvedNodes(const std::vector<analysis::Finding>& findings);
+
+// Which nodes a snapshot copies: all of them, or only those named by current findings
+// (InvolvedNodes) and those gone quiet (not seen for node_down_nanos), so that a scrape's work
+// follows what it exports, not the size of the fleet.
+enum class NodeScope { kAll, kInvolved };
+
 // Everything /metrics shows: built at each Tick() (see PublishedView), copied at scrape time; the
 // counters and the memory accounted alone are those of the last batch applied.
 struct StateSnapshot {
@@ -122,7 +142,10 @@ struct StateSnapshot {
   // The ranks with per-rank series (job, rank): every flagged rank, then each job's
   // top_ranks_per_job slowest, at most max_rank_series in all.
   std::vector<std::pair<std::string, analysis::RankSnapshot>> top_ranks;
-  std::vector<NodeView> nodes;  // ordered by node name
+  // Ordered by node name: every node tracked, or under NodeScope::kInvolved only those involved.
+  std::vector<NodeView> nodes;
+  // Nodes tracked, whichever of them `nodes` holds (0 in snapshots built by hand: nodes.size()).
+  size_t nodes_tracked = 0;
   CollectorCounters counters;
   int agents_connected = 0;
   // Bytes charged against the memory budget, and the budget (0: none).
@@ -142,6 +165,9 @@ struct PublishedView {
       ranks;
   // Active findings per job name.
   absl::flat_hash_map<std::string, int> findings_per_job;
+  // Positions in snapshot.nodes, least recently seen first: a scrape finds the quiet nodes by
+  // walking only as far as they go.
+  std::vector<uint32_t> nodes_by_last_seen;
   // Ranks left out of snapshot.top_ranks by max_rank_series (counted per scrape).
   uint64_t rank_series_dropped = 0;
   // Where the time of the Tick that built this view went: its main hold of the ingest mutex
@@ -186,7 +212,9 @@ class CollectorState {
   v1::FindingsResponse Findings(absl::string_view job) const;
   // NotFound for an unknown job.
   absl::StatusOr<v1::ExplainResponse> Explain(absl::string_view job) const;
-  StateSnapshot Snapshot() const;
+  // A copy of the published view with the live counters; under NodeScope::kInvolved its nodes are
+  // only those involved in findings or quiet (the work follows them, not the fleet).
+  StateSnapshot Snapshot(NodeScope scope = NodeScope::kAll) const;
   // The view published by the last Tick() (an empty one before the first); never null.
   std::shared_ptr<const PublishedView> Published() const;
 

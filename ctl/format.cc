@@ -62,7 +62,7 @@ std::string FormatTable(const std::vector<std::vector<std::string>>& rows) {
   return out;
 }
 
-std::string FormatStatus(const v1::StatusResponse& status, int64_t now_unix_nanos) {
+std::string FormatJobs(const v1::StatusResponse& status) {
   std::string out;
   if (status.jobs().empty()) {
     out += "No jobs reporting.\n";
@@ -81,6 +81,11 @@ std::string FormatStatus(const v1::StatusResponse& status, int64_t now_unix_nano
     }
     out += FormatTable(rows);
   }
+  return out;
+}
+
+std::string FormatStatus(const v1::StatusResponse& status, int64_t now_unix_nanos) {
+  std::string out = FormatJobs(status);
   out += '\n';
   if (status.nodes().empty()) {
     out += "No nodes reporting.\n";

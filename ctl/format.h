@@ -23,6 +23,8 @@ std::string Bar(double fraction, int width);
 // it may hold multi-byte text such as bars).
 std::string FormatTable(const std::vector<std::vector<std::string>>& rows);
 
+// The jobs table alone (stepwatchctl status JOB).
+std::string FormatJobs(const v1::StatusResponse& status);
 // Jobs and nodes; `now_unix_nanos` is used to show how long ago each node reported.
 std::string FormatStatus(const v1::StatusResponse& status, int64_t now_unix_nanos);
 std::string FormatFindings(const v1::FindingsResponse& findings);

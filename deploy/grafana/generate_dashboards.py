@@ -3,9 +3,17 @@
 
 The JSON files are committed; this script is their source. After editing it, run
 `python3 deploy/grafana/generate_dashboards.py` and commit the result (a test checks that the
-committed files match). Every query uses `=~"$job"` / `=~"$node"` so multi-value selection works,
-and GPU series are reduced with `max by (node, gpu)` so that scraping both the collector and the
-agents (which export the same raw GPU view) does not double them.
+committed files match). Every query uses `=~"$job"` / `=~"$node"` so multi-value selection works.
+
+Collector replicas: every job is analysed by R collectors that export the same series, differing
+only in instance/pod. Every query reduces them with `max by (...)` over the labels that say what
+(never instance) before it sums or counts, so a panel shows what one collector would, and a replica
+that restarts or a job that moves leaves no gap. Per-collector health (refusals, connections) is
+shown per instance.
+
+GPU and host readings: the collector exports them only for GPUs and nodes in findings; every GPU's
+readings are on the agents' /metrics (stepwatch_agent_gpu_*, stepwatch_agent_host_*). Node panels
+read the agents' series, and the collector's where no agent is scraped (`node_reading`).
 """
 
 import json
@@ -195,6 +203,17 @@ def link(title, uid, keep_vars=True):
             "keepTime": True, "asDropdown": False, "icon": "dashboard", "tags": []}
 
 
+def node_reading(metric, selector="", by="node, gpu", rate=False):
+    """Every GPU's (or node's) reading `metric` (named without prefix, e.g. gpu_utilization_ratio):
+    from the agents, else from the collectors (only GPUs in findings), one series per GPU; with
+    `rate`, the per-second rate of a counter."""
+    def one(name):
+        series = f"{name}{selector}"
+        return f"rate({series}[$__rate_interval])" if rate else series
+    return (f"max by ({by}) ({one('stepwatch_agent_' + metric)}) or "
+            f"max by ({by}) ({one('stepwatch_' + metric)})")
+
+
 PCT_THRESHOLDS = [{"color": "red", "value": None}, {"color": "orange", "value": 0.5},
                   {"color": "green", "value": 0.8}]
 
@@ -206,15 +225,17 @@ def cluster_overview():
                "count(max by (job) (stepwatch_job_step_seconds))", legend=""), 4, 4)
     L.add(stat("Ranks reporting", "Ranks that reported recently, over all jobs.",
                "sum(max by (job) (stepwatch_job_ranks_reporting))", legend=""), 4, 4)
-    L.add(stat("Nodes up", "Nodes whose agent reports to the collector.",
-               "sum(max by (node) (stepwatch_node_up))", legend=""), 4, 4)
+    L.add(stat("Nodes up", "Nodes whose agent has its streams to the collectors open (or, "
+               "where agents are not scraped, that a collector reports up).",
+               "count(max by (node) (stepwatch_agent_connected) == 1 or "
+               "max by (node) (stepwatch_node_up) == 1)", legend=""), 4, 4)
     L.add(stat("GPUs", "GPUs seen on all nodes.",
-               "count(max by (node, gpu) (stepwatch_gpu_utilization_ratio))", legend=""), 4, 4)
+               f"count({node_reading('gpu_utilization_ratio')})", legend=""), 4, 4)
     L.add(stat("Mean GPU utilization", "NVML utilization averaged over all GPUs.",
-               "avg(max by (node, gpu) (stepwatch_gpu_utilization_ratio))", "percentunit",
+               f"avg({node_reading('gpu_utilization_ratio')})", "percentunit",
                PCT_THRESHOLDS, legend=""), 4, 4)
     L.add(stat("Active findings", "Stragglers, underutilized GPUs, stalls and more.",
-               "sum(stepwatch_findings) or vector(0)",
+               "sum(max by (job, kind, severity) (stepwatch_findings)) or vector(0)",
                thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}],
                legend=""), 4, 4)
     L.row("Jobs")
@@ -260,17 +281,19 @@ def cluster_overview():
                  "node": "Node", "gpu": "GPU", "stage": "Stage", "cause": "Cause",
                  "Value": "Active"}), 14, 8)
     L.add(timeseries("Findings by kind", "Active findings over time, by kind.",
-                     [target("sum by (kind) (stepwatch_findings)", "{{kind}}")], "short",
+                     [target("sum by (kind) (max by (job, kind, severity) (stepwatch_findings))",
+                             "{{kind}}")], "short",
                      stacked=True, minimum=0), 10, 8)
     L.row("GPUs")
     L.add(timeseries("GPU utilization by node", "Mean NVML utilization of each node's GPUs. "
                      "NVML counts a spinning communication kernel as busy: compare SM activity "
                      "in the node view.",
-                     [target("avg by (node) (max by (node, gpu) "
-                             "(stepwatch_gpu_utilization_ratio))", "{{node}}")],
+                     [target(f"avg by (node) ({node_reading('gpu_utilization_ratio')})",
+                             "{{node}}")],
                      "percentunit", minimum=0, maximum=1), 12, 8)
     L.add(bargauge("Underutilized GPUs by job", "GPUs of each job flagged as underutilized.",
-                   [target("sum by (job) (stepwatch_gpu_underutilized) or "
+                   [target("count by (job) (max by (job, node, gpu) "
+                           "(stepwatch_gpu_underutilized)) or "
                            "max by (job) (stepwatch_job_world_size) * 0", "{{job}}",
                            instant=True)], "short", minimum=0,
                    thresholds=[{"color": "green", "value": None},
@@ -279,13 +302,15 @@ def cluster_overview():
     L.add(timeseries("Step events lost before analysis", "Step events that never reached the "
                      "analysis, per 10 minutes: refused sends counted by the training processes "
                      "themselves (client), dropped by agents (too many pending, buffer full) and "
-                     "refused by the collector (invalid, over a limit). Should be 0.",
+                     "refused by each collector (invalid, over a limit; a job's R replicas each "
+                     "count its refused steps). Should be 0.",
                      [target("sum by (job) (increase(stepwatch_agent_client_dropped_events_total"
                              "[10m]))", "client: {{job}}", ref="A"),
                       target("sum by (node) (increase(stepwatch_agent_events_dropped_total[10m]))",
                              "agent: {{node}}", ref="B"),
-                      target("sum by (reason) (increase(stepwatch_collector_steps_rejected_total"
-                             "[10m]))", "collector: {{reason}}", ref="C")],
+                      target("sum by (instance, reason) (increase("
+                             "stepwatch_collector_steps_rejected_total[10m]))",
+                             "collector {{instance}}: {{reason}}", ref="C")],
                      "short", minimum=0), 12, 8)
     L.add(timeseries("/metrics connections refused or evicted", "Connections the collector's "
                      "and agents' /metrics servers refused or evicted at their connection cap "
@@ -373,7 +398,7 @@ def job_view():
                 {"job": "Job", "rank": "Rank", "node": "Node", "Value": "Straggler"}), 8, 8)
     L.add(bargauge("Flagged ranks by node", "Flagged ranks on each node: a slow node shows "
                    "all its ranks.",
-                   [target(f"count by (node) (max by (node, rank) (stepwatch_straggler{J}))",
+                   [target(f"count by (node) (max by (job, node, rank) (stepwatch_straggler{J}))",
                            "{{node}}", instant=True)], "short", minimum=0,
                    thresholds=[{"color": "green", "value": None},
                                {"color": "red", "value": 1}]), 6, 8)
@@ -403,38 +428,37 @@ def node_view():
 
     def gpu_series(title, description, metric, unit, minimum=None, maximum=None):
         L.add(timeseries(title, description,
-                         [target(f"max by (node, gpu) ({metric}{N})", "{{node}} GPU {{gpu}}")],
+                         [target(node_reading(metric, N), "{{node}} GPU {{gpu}}")],
                          unit, minimum=minimum, maximum=maximum), 12, 8)
 
     gpu_series("GPU utilization", "NVML utilization: fraction of time a kernel was running.",
-               "stepwatch_gpu_utilization_ratio", "percentunit", 0, 1)
+               "gpu_utilization_ratio", "percentunit", 0, 1)
     gpu_series("SM activity", "Fraction of SMs busy (GPM). Lower than utilization means "
                "kernels that occupy few SMs, or spinning communication kernels.",
-               "stepwatch_gpu_sm_activity_ratio", "percentunit", 0, 1)
+               "gpu_sm_activity_ratio", "percentunit", 0, 1)
     gpu_series("DRAM bandwidth", "Device memory bandwidth utilization (GPM).",
-               "stepwatch_gpu_dram_bandwidth_ratio", "percentunit", 0, 1)
+               "gpu_dram_bandwidth_ratio", "percentunit", 0, 1)
     L.add(timeseries("SM clock", "SM clock of each GPU and the maximum clock; a clock below "
                      "the maximum under load means throttling or power capping.",
-                     [target(f"max by (node, gpu) (stepwatch_gpu_sm_clock_hertz{N})",
-                             "{{node}} GPU {{gpu}}", "A"),
-                      target(f"max by (node) (stepwatch_gpu_sm_clock_max_hertz{N})",
+                     [target(node_reading("gpu_sm_clock_hertz", N), "{{node}} GPU {{gpu}}",
+                             "A"),
+                      target(node_reading("gpu_sm_clock_max_hertz", N, by="node"),
                              "max {{node}}", "B")], "hertz", minimum=0), 12, 8)
     L.add(table("Throttle reasons", "NVML clocks-throttle-reasons per GPU (0: not throttled).",
-                [target(f"max by (node, gpu) (stepwatch_gpu_throttle_reasons{N})",
-                        instant=True, fmt="table")],
+                [target(node_reading("gpu_throttle_reasons", N), instant=True, fmt="table")],
                 {"node": "Node", "gpu": "GPU", "Value": "Throttle reasons"},
                 mappings=THROTTLE_MAPPINGS), 8, 8)
     gpu_series_small = [
-        ("Power", "Power draw.", "stepwatch_gpu_power_watts", "watt"),
-        ("Temperature", "GPU temperature.", "stepwatch_gpu_temperature_celsius", "celsius"),
+        ("Power", "Power draw.", "gpu_power_watts", "watt"),
+        ("Temperature", "GPU temperature.", "gpu_temperature_celsius", "celsius"),
     ]
     for title, description, metric, unit in gpu_series_small:
         L.add(timeseries(title, description,
-                         [target(f"max by (node, gpu) ({metric}{N})", "{{node}} GPU {{gpu}}")],
+                         [target(node_reading(metric, N), "{{node}} GPU {{gpu}}")],
                          unit), 8, 8)
     L.add(timeseries("GPU memory used", "Device memory in use.",
-                     [target(f"max by (node, gpu) (stepwatch_gpu_memory_used_bytes{N})",
-                             "{{node}} GPU {{gpu}}")], "bytes", minimum=0), 12, 8)
+                     [target(node_reading("gpu_memory_used_bytes", N), "{{node}} GPU {{gpu}}")],
+                     "bytes", minimum=0), 12, 8)
     L.add(table("GPU findings", "Active findings on these nodes.",
                 [target(f"max by (kind, severity, job, rank, node, gpu, cause) "
                         f"(stepwatch_finding{N})", instant=True, fmt="table")],
@@ -443,31 +467,36 @@ def node_view():
     L.row("Host")
     L.add(timeseries("Host CPU utilization", "Busy fraction of all CPUs. A saturated host CPU "
                      "starves the data loader and the GPUs.",
-                     [target(f"max by (node) (stepwatch_host_cpu_utilization_ratio{N})",
+                     [target(node_reading("host_cpu_utilization_ratio", N, by="node"),
                              "{{node}}")], "percentunit", minimum=0, maximum=1), 8, 8)
     L.add(timeseries("Host memory bandwidth", "From resctrl (MBM) or perf uncore counters; "
                      "absent where the kernel exposes neither.",
-                     [target(f"max by (node) "
-                             f"(stepwatch_host_memory_bandwidth_bytes_per_second{N})",
-                             "{{node}}")], "Bps", minimum=0), 8, 8)
+                     [target(node_reading("host_memory_bandwidth_bytes_per_second", N,
+                                          by="node"), "{{node}}")], "Bps", minimum=0), 8, 8)
     L.add(timeseries("Host memory used", "Total minus available memory.",
-                     [target(f"max by (node) (stepwatch_host_memory_total_bytes{N}) - "
-                             f"max by (node) (stepwatch_host_memory_available_bytes{N})",
+                     [target(f"({node_reading('host_memory_total_bytes', N, by='node')}) - "
+                             f"({node_reading('host_memory_available_bytes', N, by='node')})",
                              "{{node}}")], "bytes", minimum=0), 8, 8)
     L.add(timeseries("Host network", "Bytes per second on non-loopback interfaces.",
-                     [target(f"max by (node) (rate(stepwatch_host_network_receive_bytes_total{N}"
-                             "[$__rate_interval]))", "receive {{node}}", "A"),
-                      target(f"max by (node) (rate(stepwatch_host_network_transmit_bytes_total"
-                             f"{N}[$__rate_interval]))", "transmit {{node}}", "B")], "Bps",
+                     [target(node_reading("host_network_receive_bytes_total", N, by="node",
+                                          rate=True), "receive {{node}}", "A"),
+                      target(node_reading("host_network_transmit_bytes_total", N, by="node",
+                                          rate=True), "transmit {{node}}", "B")], "Bps",
                      minimum=0), 12, 8)
-    L.add(timeseries("Node reporting", "1 while the node's agent reports to the collector.",
-                     [target(f"max by (node) (stepwatch_node_up{N})", "{{node}}")], "short",
-                     minimum=0, maximum=1), 12, 8)
+    L.add(timeseries("Node reporting", "Agent: 1 while the node's agent has its streams to "
+                     "the collectors open. Collector: 1 while a collector hears from the node; "
+                     "exported for nodes in findings and nodes gone quiet (0), which a collector "
+                     "the node's samples moved away from also reports until it expires them.",
+                     [target(f"max by (node) (stepwatch_agent_connected{N})", "agent {{node}}",
+                             "A"),
+                      target(f"max by (node) (stepwatch_node_up{N})", "collector {{node}}", "B")],
+                     "short", minimum=0, maximum=1), 12, 8)
     return dashboard("stepwatch-node", "stepwatch / Node",
                      "One or more nodes: GPU utilization, SM activity, DRAM bandwidth, clocks "
                      "and throttling, host CPU, memory and memory bandwidth.",
                      L.panels, [query_variable("node", "Node",
-                                               "label_values(stepwatch_node_up, node)")],
+                                               "label_values(stepwatch_agent_nvml_available, "
+                                               "node)")],
                      [link("Cluster overview", "stepwatch-overview", False),
                       link("Job view", "stepwatch-job", False)])
 

@@ -125,6 +125,53 @@ TEST(AgentMetricsTest, ExposesHealthAndNodeView) {
   EXPECT_EQ(v("stepwatch_agent_host_network_receive_bytes_total{node=node-7,}"), 1000);
 }
 
+// Several collectors: the totals keep the one-collector names, each link has its own series.
+TEST(AgentMetricsTest, ExposesTotalsAndPerCollectorSeries) {
+  AgentMetricsSources sources = FakeSources();
+  sources.shipper = nullptr;
+  sources.collectors = [] {
+    CollectorRouterStats r;
+    for (int i = 0; i < 2; ++i) {
+      CollectorLinkStats l;
+      l.collector = i == 0 ? "10.0.0.1:7070" : "10.0.0.2:7070";
+      l.stats.connected = i == 0;
+      l.reachable = true;
+      l.jobs = 3 + i;
+      l.stats.buffered_batches = 10 * i;
+      l.stats.batches_acknowledged_total = 7 + i;
+      r.links.push_back(l);
+    }
+    r.total.connected = false;
+    r.total.buffered_batches = 10;
+    r.total.batches_acknowledged_total = 15;
+    r.links_added_total = 2;
+    r.job_moves_total = 4;
+    return r;
+  };
+  AgentCollectable c(std::move(sources));
+  const auto values = Flatten(c.Collect());
+  auto v = [&](const std::string& key) {
+    auto it = values.find(key);
+    EXPECT_NE(it, values.end()) << key;
+    return it == values.end() ? -1 : it->second;
+  };
+  EXPECT_EQ(v("stepwatch_agent_connected{node=node-7,}"), 0);
+  EXPECT_EQ(v("stepwatch_agent_buffer_batches{node=node-7,}"), 10);
+  EXPECT_EQ(v("stepwatch_agent_batches_acknowledged_total{node=node-7,}"), 15);
+  EXPECT_EQ(v("stepwatch_agent_collectors{node=node-7,}"), 2);
+  EXPECT_EQ(v("stepwatch_agent_collectors_added_total{node=node-7,}"), 2);
+  EXPECT_EQ(v("stepwatch_agent_job_moves_total{node=node-7,}"), 4);
+  EXPECT_EQ(v("stepwatch_agent_collector_connected{node=node-7,collector=10.0.0.1:7070,}"), 1);
+  EXPECT_EQ(v("stepwatch_agent_collector_connected{node=node-7,collector=10.0.0.2:7070,}"), 0);
+  EXPECT_EQ(v("stepwatch_agent_collector_reachable{node=node-7,collector=10.0.0.2:7070,}"), 1);
+  EXPECT_EQ(v("stepwatch_agent_collector_jobs{node=node-7,collector=10.0.0.2:7070,}"), 4);
+  EXPECT_EQ(v("stepwatch_agent_collector_buffer_batches{node=node-7,collector=10.0.0.2:7070,}"),
+            10);
+  EXPECT_EQ(v("stepwatch_agent_collector_batches_acknowledged_total{node=node-7,collector=10.0.0.1:"
+              "7070,}"),
+            7);
+}
+
 TEST(AgentMetricsTest, ExportsMetricAvailabilityPerGpu) {
   AgentCollectable c(FakeSources());
   const auto values = Flatten(c.Collect());

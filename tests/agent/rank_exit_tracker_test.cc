@@ -3,8 +3,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -66,6 +69,19 @@ TEST(RankExitTrackerTest, ReportsEachRankOfAnExitedProcessOnce) {
   EXPECT_TRUE(tracker.Check(kT0 + 2 * kSec).empty());
   EXPECT_TRUE(tracker.Check(kT0 + 3 * kSec).empty());
   EXPECT_EQ(tracker.size(), 2u);
+}
+
+TEST(RankExitTrackerTest, JobsWithLiveSendersLeaveOutJobsWhoseProcessesExited) {
+  RankExitTracker tracker;
+  const pid_t dead = ExitedChild(/*reap=*/true);
+  tracker.Observe("ended", 0, dead, kT0);
+  tracker.Observe("hung", 0, ::getpid(), kT0);
+  tracker.Observe("hung", 1, dead, kT0);
+  std::vector<std::string> jobs = tracker.JobsWithLiveSenders();
+  std::sort(jobs.begin(), jobs.end());
+  EXPECT_EQ(jobs, (std::vector<std::string>{"ended", "hung"}));  // not checked yet
+  tracker.Check(kT0 + kSec);
+  EXPECT_EQ(tracker.JobsWithLiveSenders(), std::vector<std::string>{"hung"});
 }
 
 TEST(RankExitTrackerTest, TheLastSenderOfARankCounts) {

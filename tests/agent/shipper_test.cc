@@ -15,129 +15,13 @@
 #include "agent/spool.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
+#include "tests/agent/fake_collector.h"
 #include "tests/agent/test_util.h"
 
 namespace stepwatch::agent {
 namespace {
 
 using testing::WaitFor;
-
-// A real gRPC Ingest server on a loopback port that records what arrives and acknowledges it the
-// way the collector does (highest contiguous seq, moved up to base_seq - 1).
-class FakeCollector final : public v1::Ingest::Service {
- public:
-  struct Behaviour {
-    bool ack = true;
-    // Ends each stream with UNAVAILABLE after this many batches (0: never).
-    int drop_stream_after = 0;
-  };
-
-  ~FakeCollector() override { Shutdown(); }
-
-  // Starts on `port` (0: any free port). Returns the bound port, or 0.
-  int Start(int port, Behaviour behaviour) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      behaviour_ = behaviour;
-    }
-    grpc::ServerBuilder builder;
-    int bound = 0;
-    builder.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials(),
-                             &bound);
-    builder.RegisterService(this);
-    server_ = builder.BuildAndStart();
-    return server_ ? bound : 0;
-  }
-
-  void Shutdown() {
-    if (server_) {
-      // No grace: open streams are cancelled at once, as when a collector dies.
-      server_->Shutdown(std::chrono::system_clock::now());
-      server_->Wait();
-      server_.reset();
-    }
-  }
-
-  grpc::Status Report(grpc::ServerContext* context,
-                      grpc::ServerReaderWriter<v1::IngestAck, v1::ReportBatch>* stream) override {
-    streams_.fetch_add(1);
-    v1::ReportBatch batch;
-    int on_this_stream = 0;
-    while (stream->Read(&batch)) {
-      v1::IngestAck ack;
-      Behaviour b;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        b = behaviour_;
-        all_.push_back(batch);
-        uint64_t& w = watermark_[batch.boot_id()];
-        if (batch.base_seq() > 0) w = std::max(w, batch.base_seq() - 1);
-        auto& seen = seen_[batch.boot_id()];
-        if (batch.seq() > w && seen.insert(batch.seq()).second) {
-          for (const auto& s : batch.steps()) unique_steps_.push_back(s.step());
-        }
-        while (seen.count(w + 1)) ++w;
-        ack.set_boot_id(batch.boot_id());
-        ack.set_acked_seq(w);
-      }
-      if (b.ack && !stream->Write(ack)) break;
-      if (b.drop_stream_after > 0 && ++on_this_stream >= b.drop_stream_after) {
-        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "dropping the stream on purpose");
-      }
-    }
-    return grpc::Status::OK;
-  }
-
-  std::vector<v1::ReportBatch> batches() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return all_;
-  }
-  // Step numbers of the events in distinct (boot_id, seq) batches, in arrival order.
-  std::vector<int64_t> unique_steps() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return unique_steps_;
-  }
-  int streams() const { return streams_.load(); }
-
- private:
-  std::unique_ptr<grpc::Server> server_;
-  std::mutex mu_;
-  Behaviour behaviour_;
-  std::vector<v1::ReportBatch> all_;
-  std::map<std::string, uint64_t> watermark_;
-  std::map<std::string, std::set<uint64_t>> seen_;
-  std::vector<int64_t> unique_steps_;
-  std::atomic<int> streams_{0};
-};
-
-class FakeGpus : public gpu::GpuSource {
- public:
-  absl::StatusOr<std::vector<v1::GpuSample>> Sample(int64_t now) override {
-    std::vector<v1::GpuSample> out(2);
-    for (int i = 0; i < 2; ++i) {
-      out[i].set_index(i);
-      out[i].set_sampled_unix_nanos(now);
-      out[i].set_utilization_gpu_ratio(0.5 + i * 0.25);
-    }
-    return out;
-  }
-  void DescribeNode(v1::NodeInfo* node) const override {
-    node->set_nvml_available(true);
-    node->set_gpu_count(2);
-    node->set_driver_version("550.54.15");
-  }
-};
-
-class FakeHost : public host::HostSampler {
- public:
-  absl::StatusOr<v1::HostSample> Sample(int64_t now) override {
-    v1::HostSample h;
-    h.set_sampled_unix_nanos(now);
-    h.set_cpu_count(16);
-    h.set_cpu_utilization_ratio(0.3);
-    return h;
-  }
-};
 
 v1::StepEvent Step(int64_t step) {
   v1::StepEvent e;
@@ -478,6 +362,10 @@ TEST_F(ShipperTest, StuckStreamIsReplacedAfterAckTimeout) {
       const ShipperStats s = shipper.stats();
       return s.connects_total == stream && s.batches_sent_total == stream;
     })) << stream;
+    // A written batch is only handed to gRPC: until the collector has read it, the cancel that
+    // follows the timeout can discard it on the way (RST_STREAM drops unread messages), and this
+    // stream would then never show up in collector.batches().
+    ASSERT_TRUE(WaitFor([&] { return collector.batches().size() == stream; })) << stream;
     const absl::Time written = clock_.TimeNow();
     ASSERT_TRUE(WaitFor([&] { return clock_.next_deadline() == written + o.ack_timeout; }));
     clock_.AdvanceTime(o.ack_timeout - absl::Milliseconds(1));
@@ -487,12 +375,59 @@ TEST_F(ShipperTest, StuckStreamIsReplacedAfterAckTimeout) {
     clock_.AdvanceTime(absl::Milliseconds(1));
     ASSERT_TRUE(AdvanceUntil([&] { return shipper.stats().connects_total == stream + 1; }));
   }
-  // Four streams, each carrying the one batch, none acknowledging it.
-  ASSERT_TRUE(WaitFor([&] { return collector.batches().size() == 4; }));
+  // Four streams, each carrying the one batch, none acknowledging it. The collector may read the
+  // batch before the shipper's Write returns and counts it: wait for both.
+  ASSERT_TRUE(WaitFor(
+      [&] { return collector.batches().size() == 4 && shipper.stats().batches_sent_total == 4; }));
   const ShipperStats s = shipper.stats();
   EXPECT_EQ(s.batches_sent_total, 4u);
   EXPECT_EQ(s.batches_resent_total, 3u);
   EXPECT_EQ(s.buffered_batches, 1u);
+}
+
+// A link fed from outside: no ticker of its own; each cut becomes batches with its own seqs, the
+// rank exits in the last one; the link state says since when it is connected.
+TEST_F(ShipperTest, FedLinkNumbersEnqueuedCutsAndReportsItsState) {
+  FakeCollector collector;
+  const int port = collector.Start(0, {});
+  ASSERT_GT(port, 0);
+  ShipperOptions o = Options(port);
+  o.own_schedule = false;
+  o.max_events_per_batch = 2;
+  const absl::Time start = clock_.TimeNow();
+  Shipper shipper(o, nullptr, nullptr);
+  EXPECT_FALSE(shipper.link_state().connected);
+  ASSERT_TRUE(shipper.Start().ok());
+  EXPECT_EQ(shipper.link_state().since, start);
+  ASSERT_TRUE(AdvanceUntil([&] { return shipper.link_state().connected; }));
+  const absl::Time connected_at = shipper.link_state().since;
+  EXPECT_GE(connected_at, start);
+  // Nothing waits for the (hour-long) interval: there is no ticker.
+  EXPECT_EQ(clock_.next_deadline(), absl::InfiniteFuture());
+  CutContents cut;
+  cut.created_unix_nanos = 42;
+  cut.node.set_node("node-a");
+  for (int i = 0; i < 3; ++i) cut.steps.push_back(Step(i));
+  cut.gpus.resize(1);
+  v1::RankExit exit;
+  exit.set_job("job");
+  cut.rank_exits.push_back(exit);
+  shipper.Enqueue(std::move(cut));
+  ASSERT_TRUE(AdvanceUntil([&] { return shipper.stats().batches_acknowledged_total == 2; }));
+  const auto batches = collector.batches();
+  ASSERT_EQ(batches.size(), 2u);
+  EXPECT_EQ(batches[0].seq(), 1u);
+  EXPECT_EQ(batches[1].seq(), 2u);
+  EXPECT_EQ(batches[0].created_unix_nanos(), 42);
+  EXPECT_EQ(batches[0].gpus_size(), 1);
+  EXPECT_EQ(batches[1].gpus_size(), 0);
+  EXPECT_EQ(batches[0].rank_exits_size(), 0);
+  EXPECT_EQ(batches[1].rank_exits_size(), 1);
+  EXPECT_EQ(batches[1].node().node(), "node-a");
+  EXPECT_EQ(collector.unique_steps().size(), 3u);
+  collector.Shutdown();
+  ASSERT_TRUE(WaitFor([&] { return !shipper.link_state().connected; }));
+  EXPECT_GE(shipper.link_state().since, connected_at);
 }
 
 TEST_F(ShipperTest, PendingEventsAreBounded) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -358,8 +359,11 @@ TEST(MetricsTest, TotalSeriesCapKeepsTheMostImportantFirst) {
     }
     s.nodes.push_back(v);
   }
-  const size_t uncapped = CappedSeries(BuildMetricFamilies(s, {}));
-  MetricsOptions o;
+  // Every node's readings, as --export-node-metrics=all: the cap alone bounds them.
+  MetricsOptions all;
+  all.export_node_metrics = NodeMetricsExport::kAll;
+  const size_t uncapped = CappedSeries(BuildMetricFamilies(s, all));
+  MetricsOptions o = all;
   o.max_series = 200;
   ASSERT_GT(uncapped, 400u);
   SeriesDrops drops;
@@ -487,6 +491,252 @@ TEST(MetricsTest, ExpositionIsCleanUnderPromtool) {
     EXPECT_NE(text.find("# HELP " + f.name + " "), std::string::npos) << f.name;
     EXPECT_NE(text.find("# TYPE " + f.name + " "), std::string::npos) << f.name;
   }
+}
+
+// --export-node-metrics: which nodes' and GPUs' readings the collector re-exports.
+
+// A node seen at `last_seen` with GPUs 0..gpus-1 (utilization and power) and a host sample.
+NodeView NodeWithReadings(const std::string& name, int64_t last_seen, int gpus) {
+  NodeView v;
+  v.node = name;
+  v.last_seen_unix_nanos = last_seen;
+  for (int g = 0; g < gpus; ++g) {
+    v1::GpuSample gpu;
+    gpu.set_index(g);
+    gpu.set_utilization_gpu_ratio(0.5);
+    gpu.set_power_watts(300);
+    v.gpus.push_back(gpu);
+  }
+  v1::HostSample h;
+  h.set_cpu_count(64);
+  v.host = h;
+  return v;
+}
+
+bool IsReading(const std::string& family) {
+  return (family.rfind("stepwatch_gpu_", 0) == 0 && family != "stepwatch_gpu_underutilized") ||
+         family.rfind("stepwatch_host_", 0) == 0;
+}
+
+// "node/gpu" of every GPU reading series, "node" of every host reading series.
+std::set<std::string> GpusWithReadings(const std::vector<MetricFamily>& fams) {
+  std::set<std::string> out;
+  for (const MetricFamily& f : fams) {
+    if (!IsReading(f.name) || f.name.rfind("stepwatch_gpu_", 0) != 0) continue;
+    for (const ClientMetric& m : f.metric) out.insert(Label(m, "node") + "/" + Label(m, "gpu"));
+  }
+  return out;
+}
+
+std::set<std::string> NodesOf(const std::vector<MetricFamily>& fams, const std::string& prefix) {
+  std::set<std::string> out;
+  for (const MetricFamily& f : fams) {
+    if (f.name.rfind(prefix, 0) != 0 || (prefix == "stepwatch_gpu_" && !IsReading(f.name))) {
+      continue;
+    }
+    for (const ClientMetric& m : f.metric) out.insert(Label(m, "node"));
+  }
+  return out;
+}
+
+std::set<std::string> EveryGpuOf(const std::string& node, int gpus) {
+  std::set<std::string> out;
+  for (int g = 0; g < gpus; ++g) out.insert(absl::StrCat(node, "/", g));
+  return out;
+}
+
+TEST(MetricsTest, DefaultExportsOnlyReadingsOfTheGpusInFindings) {
+  StateSnapshot s = SampleSnapshot();
+  // node-2 (a straggler on its GPU 5) gets seven more GPUs; node-9 is healthy and in no finding.
+  for (int g : {0, 1, 2, 3, 4, 6, 7}) {
+    v1::GpuSample gpu;
+    gpu.set_index(g);
+    gpu.set_utilization_gpu_ratio(0.9);
+    s.nodes[0].gpus.push_back(gpu);
+  }
+  s.nodes.push_back(NodeWithReadings("node-9", s.now_unix_nanos, 8));
+
+  ASSERT_EQ(MetricsOptions{}.export_node_metrics, NodeMetricsExport::kFindings);
+  const std::vector<MetricFamily> fams = BuildMetricFamilies(s, {});
+  EXPECT_EQ(GpusWithReadings(fams), (std::set<std::string>{"node-2/5"}));
+  EXPECT_EQ(NodesOf(fams, "stepwatch_host_"), (std::set<std::string>{"node-2"}));
+  // node-3 is in a finding (and quiet); node-9 in neither.
+  EXPECT_EQ(NodesOf(fams, "stepwatch_node_"), (std::set<std::string>{"node-2", "node-3"}));
+  for (const MetricFamily& f : fams) {
+    for (const ClientMetric& m : f.metric) EXPECT_NE(Label(m, "node"), "node-9") << f.name;
+  }
+  EXPECT_EQ(FindFamily(fams, "stepwatch_collector_nodes")->metric[0].gauge.value, 3);
+
+  // `all` restores every node's and GPU's readings.
+  MetricsOptions all;
+  all.export_node_metrics = NodeMetricsExport::kAll;
+  const std::vector<MetricFamily> every = BuildMetricFamilies(s, all);
+  std::set<std::string> expected = EveryGpuOf("node-2", 8);
+  expected.merge(EveryGpuOf("node-9", 8));
+  EXPECT_EQ(GpusWithReadings(every), expected);
+  EXPECT_EQ(NodesOf(every, "stepwatch_host_"), (std::set<std::string>{"node-2", "node-9"}));
+  EXPECT_EQ(NodesOf(every, "stepwatch_node_"),
+            (std::set<std::string>{"node-2", "node-3", "node-9"}));
+}
+
+// A finding about a node but no one GPU (a slow node) brings every GPU of that node; the devices
+// of a finding's evidence bring theirs.
+TEST(MetricsTest, NodeFindingWithoutGpuExportsEveryGpuOfTheNode) {
+  StateSnapshot s;
+  s.now_unix_nanos = 1'700'000'100'000'000'000;
+  s.node_down_nanos = 15 * kSecond;
+  for (const char* node : {"node-4", "node-5", "node-6", "node-7"}) {
+    s.nodes.push_back(NodeWithReadings(node, s.now_unix_nanos, 8));
+  }
+  analysis::Finding slow;
+  slow.kind = analysis::FindingKind::kSlowNode;
+  slow.job = "llm";
+  slow.node = "node-4";
+  s.findings.push_back(slow);
+  analysis::Finding straggler;
+  straggler.kind = analysis::FindingKind::kStraggler;
+  straggler.job = "llm";
+  straggler.rank = 50;
+  straggler.node = "node-6";
+  straggler.gpu = 3;
+  analysis::DeviceEvidence peer;
+  peer.node = "node-7";
+  peer.gpu = 2;
+  straggler.evidence.devices.push_back(peer);
+  s.findings.push_back(straggler);
+  const std::vector<MetricFamily> fams = BuildMetricFamilies(s, {});
+  std::set<std::string> expected = EveryGpuOf("node-4", 8);
+  expected.insert({"node-6/3", "node-7/2"});
+  EXPECT_EQ(GpusWithReadings(fams), expected);
+  EXPECT_EQ(NodesOf(fams, "stepwatch_host_"),
+            (std::set<std::string>{"node-4", "node-6", "node-7"}));
+}
+
+// A quiet node in no finding still reads down (the collector alone knows its agent stopped
+// reaching it), without its readings.
+TEST(MetricsTest, QuietNodeReadsDownWithoutItsReadings) {
+  StateSnapshot s;
+  s.now_unix_nanos = 1'700'000'100'000'000'000;
+  s.node_down_nanos = 15 * kSecond;
+  s.nodes.push_back(NodeWithReadings("node-1", s.now_unix_nanos - kSecond, 8));
+  s.nodes.push_back(NodeWithReadings("node-8", s.now_unix_nanos - 60 * kSecond, 8));
+  const std::vector<MetricFamily> fams = BuildMetricFamilies(s, {});
+  const MetricFamily* up = FindFamily(fams, "stepwatch_node_up");
+  ASSERT_NE(up, nullptr);
+  ASSERT_EQ(up->metric.size(), 1u);
+  EXPECT_EQ(Label(up->metric[0], "node"), "node-8");
+  EXPECT_EQ(up->metric[0].gauge.value, 0);
+  EXPECT_TRUE(GpusWithReadings(fams).empty());
+  EXPECT_TRUE(NodesOf(fams, "stepwatch_host_").empty());
+}
+
+// `nodes` nodes of 8 GPUs with host samples and no steps (so no findings), scraped through the
+// collectable as /metrics does.
+struct Fleet {
+  FakeClock clock;
+  CollectorState state{{}, &clock};
+  explicit Fleet(int nodes) {
+    for (int n = 0; n < nodes; ++n) {
+      v1::ReportBatch b = testing::EmptyBatch(absl::StrCat("node-", n), 1);
+      for (int g = 0; g < 8; ++g) {
+        v1::GpuSample* gpu = b.add_gpus();
+        gpu->set_index(g);
+        gpu->set_utilization_gpu_ratio(0.9);
+        gpu->set_power_watts(400);
+      }
+      b.mutable_host()->set_cpu_count(64);
+      EXPECT_TRUE(state.Apply(b).ok());
+    }
+    state.Tick();
+  }
+};
+
+size_t SeriesCount(const std::vector<MetricFamily>& fams) {
+  size_t n = 0;
+  for (const MetricFamily& f : fams) n += f.metric.size();
+  return n;
+}
+
+TEST(MetricsTest, ScrapeDoesNotGrowWithTheFleetWithoutFindings) {
+  Fleet small(1000);
+  Fleet large(5000);
+  ASSERT_TRUE(large.state.Snapshot().findings.empty());
+  StateCollectable small_scrape(&small.state, {});
+  StateCollectable large_scrape(&large.state, {});
+  const std::vector<MetricFamily> s = small_scrape.Collect();
+  const std::vector<MetricFamily> l = large_scrape.Collect();
+  EXPECT_TRUE(GpusWithReadings(l).empty());
+  EXPECT_TRUE(NodesOf(l, "stepwatch_host_").empty());
+  EXPECT_EQ(FindFamily(l, "stepwatch_node_up"), nullptr);
+  EXPECT_EQ(SeriesCount(s), SeriesCount(l));
+  // Only the digits of the collector's own counts differ.
+  const size_t small_bytes = prometheus::TextSerializer().Serialize(s).size();
+  const size_t large_bytes = prometheus::TextSerializer().Serialize(l).size();
+  EXPECT_LT(large_bytes, small_bytes + 64);
+  EXPECT_EQ(FindFamily(l, "stepwatch_collector_nodes")->metric[0].gauge.value, 5000);
+  // The scrape copies none of the nodes (its work follows what it exports).
+  EXPECT_TRUE(large.state.Snapshot(NodeScope::kInvolved).nodes.empty());
+  EXPECT_EQ(large.state.Snapshot(NodeScope::kInvolved).nodes_tracked, 5000u);
+
+  // The readings are there: `all` exports them, so they grow with the fleet.
+  MetricsOptions all;
+  all.export_node_metrics = NodeMetricsExport::kAll;
+  all.max_series = 0;
+  const std::vector<MetricFamily> every = StateCollectable(&large.state, all).Collect();
+  EXPECT_EQ(GpusWithReadings(every).size(), 5000u * 8);
+  EXPECT_EQ(NodesOf(every, "stepwatch_host_").size(), 5000u);
+}
+
+// The scoped snapshot holds the nodes named by findings and the quiet ones, nothing else.
+TEST(MetricsTest, InvolvedSnapshotHoldsNodesInFindingsAndQuietNodes) {
+  Fleet fleet(100);
+  fleet.clock.Advance(20 * kSecond);  // beyond the 15 s after which a node reads down
+  for (int n = 1; n < 100; ++n) {
+    ASSERT_TRUE(fleet.state.Apply(testing::EmptyBatch(absl::StrCat("node-", n), 2)).ok());
+  }
+  fleet.state.Tick();
+  const StateSnapshot s = fleet.state.Snapshot(NodeScope::kInvolved);
+  ASSERT_EQ(s.nodes.size(), 1u);
+  EXPECT_EQ(s.nodes[0].node, "node-0");
+  EXPECT_EQ(s.nodes_tracked, 100u);
+  EXPECT_EQ(fleet.state.Snapshot().nodes.size(), 100u);
+  const std::vector<MetricFamily> fams = StateCollectable(&fleet.state, {}).Collect();
+  ASSERT_NE(FindFamily(fams, "stepwatch_node_up"), nullptr);
+  EXPECT_EQ(FindFamily(fams, "stepwatch_node_up")->metric.size(), 1u);
+  EXPECT_EQ(FindFamily(fams, "stepwatch_node_up")->metric[0].gauge.value, 0);
+}
+
+// Under the default, a node's GPU reaches /metrics once a finding names it: an underutilized GPU
+// found by the engine from real batches.
+TEST(MetricsTest, UnderutilizedGpuFoundFromBatchesIsExported) {
+  FakeClock clock;
+  CollectorStateOptions options;
+  CollectorState state(options, &clock);
+  const int64_t window_steps = options.engine.underutil_window_nanos / (kSecond / 2) + 10;
+  for (int64_t step = 0; step < window_steps; ++step) {
+    for (int n = 0; n < 2; ++n) {
+      v1::ReportBatch b =
+          testing::StepBatch(absl::StrCat("node-", n), step + 1, "job", 1, step, 0.1);
+      b.mutable_steps(0)->set_world_size(2);
+      b.mutable_steps(0)->set_rank(n);  // rank n on node-n, on its GPU n (StepBatch: rank % 8)
+      b.mutable_steps(0)->set_gpu(n);
+      for (int g = 0; g < 2; ++g) {
+        v1::GpuSample* gpu = b.add_gpus();
+        gpu->set_index(g);
+        // GPU 1 of node-1 idles at 10% while its rank runs; the others are busy.
+        gpu->set_utilization_gpu_ratio(n == 1 && g == 1 ? 0.1 : 0.95);
+      }
+      ASSERT_TRUE(state.Apply(b).ok());
+    }
+    clock.Advance(kSecond / 2);
+    state.Tick();
+  }
+  const std::vector<MetricFamily> fams = StateCollectable(&state, {}).Collect();
+  ASSERT_NE(FindFamily(fams, "stepwatch_gpu_underutilized"), nullptr) << "no finding";
+  const std::set<std::string> gpus = GpusWithReadings(fams);
+  EXPECT_EQ(gpus.count("node-1/1"), 1u);
+  EXPECT_EQ(gpus.count("node-0/0"), 0u);
+  EXPECT_EQ(gpus.count("node-0/1"), 0u);
 }
 
 }  // namespace

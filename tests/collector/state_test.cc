@@ -101,6 +101,24 @@ TEST(CollectorStateTest, JobRankAndNodeLimitsAreCounted) {
   EXPECT_EQ(s.nodes[0].gpus.size(), 1u);
 }
 
+// An operator who hits the node limit learns it from the log at the first refusal, with the flag
+// to raise; the default covers 20,000 nodes.
+TEST(CollectorStateTest, FirstNodeLimitRefusalLogsAWarningNamingTheFlag) {
+  EXPECT_EQ(CollectorStateOptions{}.max_nodes, 20000);
+  FakeClock clock;
+  CollectorStateOptions o;
+  o.max_nodes = 2;
+  CollectorState state(o, &clock);
+  ASSERT_TRUE(state.Apply(EmptyBatch("n0", 1)).ok());
+  ASSERT_TRUE(state.Apply(EmptyBatch("n1", 1)).ok());
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(state.Apply(EmptyBatch("n2", 1)).ok());  // the first node over the limit
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find(" W "), std::string::npos) << log;
+  EXPECT_NE(log.find("limit nodes of 2 reached"), std::string::npos) << log;
+  EXPECT_NE(log.find("--max-nodes"), std::string::npos) << log;
+}
+
 TEST(CollectorStateTest, StatusListsJobsAndNodesWithGpusInIndexOrder) {
   FakeClock clock;
   CollectorState state({}, &clock);

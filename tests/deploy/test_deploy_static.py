@@ -109,7 +109,188 @@ def is_exported(name, sources):
     return False
 
 
+# Series of one collector about itself (or of one agent): per instance, summed over instances.
+PER_INSTANCE_PREFIXES = ("stepwatch_collector_", "stepwatch_metrics_", "stepwatch_engine_",
+                         "stepwatch_agent_")
+# Readings of GPUs and hosts: every GPU on the agents, only GPUs in findings on the collectors.
+NODE_READING = re.compile(r"(?<![:\w])stepwatch_((?:gpu|host)_[a-z0-9_]+)")
+
+
+def replica_problems(expr):
+    """Ways `expr` depends on how many collector replicas export a series: a sum, count or average
+    straight over a series that every replica of a job exports alike (reduce it with `max by`
+    first), or a GPU/host reading taken from the collectors alone (they export only the GPUs in
+    findings; read stepwatch_agent_* too)."""
+    problems = []
+    for m in re.finditer(r"\b(sum|count|avg|min|stddev|quantile|topk|bottomk)\s*"
+                         r"(?:by\s*\([^)]*\)\s*)?\((?:\s*[\d.]+\s*,)?\s*(stepwatch_[a-z0-9_]+)",
+                         expr):
+        if not m.group(2).startswith(PER_INSTANCE_PREFIXES):
+            problems.append(f"{m.group(1)} over {m.group(2)} counts every replica")
+    for m in re.finditer(r"_over_time\((?:\s*[\d.]+\s*,)?\s*(stepwatch_[a-z0-9_]+)\[", expr):
+        if not m.group(1).startswith(PER_INSTANCE_PREFIXES):
+            problems.append(f"{m.group(0)}: one result per replica (reduce before over_time)")
+    for m in NODE_READING.finditer(expr):
+        if m.group(1) != "gpu_underutilized" and f"stepwatch_agent_{m.group(1)}" not in expr:
+            problems.append(f"{m.group(0)} without stepwatch_agent_{m.group(1)}")
+    return problems
+
+
+def recording_rules():
+    doc = load_yaml(os.path.join(RULES_DIR, "stepwatch-recording.yml"))
+    return [r for g in doc["groups"] for r in g["rules"]]
+
+
+REPLICA_A, REPLICA_B = "collector-a:9464", "collector-b:9464"
+
+
+def single_replica(expr):
+    """`expr` with every stepwatch selector restricted to what one collector replica exports."""
+    def restrict(m):
+        inner = m.group(2) or ""
+        sep = "," if inner.strip() else ""
+        return f'{m.group(1)}{{{inner}{sep}instance!="{REPLICA_B}"}}'
+    return re.sub(r"(?<![:\w])(stepwatch_[a-z0-9_]+)(?:\{([^}]*)\})?", restrict, expr)
+
+
+def replica_input_series(names):
+    """promtool input series for `names`: each series a collector exports for a job, from two
+    replicas (identical but for instance); per-collector health from one collector; the agents'
+    series from one agent. Values make most conditions hold (findings 1, a node down, counters
+    rising, a job's last step unchanged while its GPU has a process)."""
+    series = []
+    for name in sorted(names):
+        if name.startswith("stepwatch_agent_"):
+            labels, instances = {"node": "n1", "gpu": "0", "job": "llm", "reason": "not_json"}, [
+                "n1:9465"]
+        elif name.startswith(PER_INSTANCE_PREFIXES):
+            labels = {"reason": "evicted", "limit": "jobs", "family": "finding"}
+            instances = [REPLICA_A]
+        else:
+            labels = {"job": "llm", "node": "n1", "gpu": "0", "rank": "3", "kind": "straggler",
+                      "severity": "warning", "cause": "unknown", "component": "compute",
+                      "fix": "stragglers"}
+            instances = [REPLICA_A, REPLICA_B]
+        if name.endswith("_total"):
+            values = "0+10x30"
+        elif name == "stepwatch_job_last_seen_timestamp_seconds":
+            values = "0+60x30"
+        elif name in ("stepwatch_node_up", "stepwatch_job_last_step"):
+            values = "0x30"
+        elif name == "stepwatch_agent_connected":
+            values = "1x30"
+        else:
+            values = "1+0.01x30"
+        for instance in instances:
+            lab = ",".join(f'{k}="{v}"' for k, v in {**labels, "instance": instance}.items())
+            series.append({"series": f"{name}{{{lab}}}", "values": values})
+    return series
+
+
+def replica_equivalence_tests(exprs, require_data):
+    """promtool promql_expr_tests asserting that each expression gives the same samples from two
+    replicas as from one (and, where `require_data`, some samples)."""
+    tests = []
+    for expr, needs_data in zip(exprs, require_data):
+        one, two = single_replica(expr), expr
+        for a, b in ((one, two), (two, one)):
+            tests.append({"expr": f"(count(({a}) == ({b})) or vector(0)) - "
+                                  f"(count({a}) or vector(0))",
+                          "eval_time": "20m", "exp_samples": [{"labels": "{}", "value": 0}]})
+        if needs_data:
+            tests.append({"expr": f"count({one}) > bool 0", "eval_time": "20m",
+                          "exp_samples": [{"labels": "{}", "value": 1}]})
+    return tests
+
+
+def run_replica_equivalence(testcase, exprs, require_data):
+    promtool = shutil.which("promtool")
+    if not promtool:
+        testcase.skipTest("promtool not installed")
+    names = set()
+    for expr in exprs:
+        names |= metric_names(expr)
+    doc = {"rule_files": [os.path.join(RULES_DIR, "stepwatch-recording.yml")],
+           "evaluation_interval": "1m",
+           "tests": [{"interval": "1m", "input_series": replica_input_series(names),
+                      "promql_expr_test": replica_equivalence_tests(exprs, require_data)}]}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "replicas.yml")
+        with open(path, "w") as f:
+            yaml.safe_dump(doc, f)
+        result = subprocess.run([promtool, "test", "rules", path], capture_output=True,
+                                text=True, timeout=120)
+    return result
+
+
 class PrometheusRulesTest(unittest.TestCase):
+
+    def test_rules_give_single_replica_results(self):
+        """Every alert and recording expression, evaluated by promtool over two identical replicas,
+        gives exactly the samples it gives over one."""
+        exprs = [r["expr"] for r in alert_rules()] + [r["expr"] for r in recording_rules()]
+        needs = [False] * len(alert_rules()) + [True] * len(recording_rules())
+        result = run_replica_equivalence(self, exprs, needs)
+        self.assertEqual(result.returncode, 0, result.stdout[-6000:] + result.stderr[-2000:])
+
+    def test_replica_equivalence_catches_double_counting(self):
+        result = run_replica_equivalence(
+            self, ["sum by (job, kind) (stepwatch_findings)"], [True])
+        self.assertNotEqual(result.returncode, 0, result.stdout)
+
+    def test_replica_checks_catch_double_counting(self):
+        """The static replica check flags what the rules used to do before replicas."""
+        self.assertTrue(replica_problems("sum by (job, kind) (stepwatch_findings)"))
+        self.assertTrue(replica_problems("sum(stepwatch_findings) or vector(0)"))
+        self.assertTrue(replica_problems(
+            "quantile_over_time(0.5, stepwatch_job_step_seconds[1h] offset 10m)"))
+        self.assertTrue(replica_problems("avg by (node) (stepwatch_gpu_utilization_ratio)"))
+        self.assertTrue(replica_problems("sum by (node) (stepwatch_gpu_processes) > 0"))
+        self.assertTrue(replica_problems("sum by (job) (stepwatch_gpu_underutilized)"))
+        self.assertEqual(replica_problems(
+            "sum by (job, kind) (max by (job, kind, severity) (stepwatch_findings))"), [])
+        self.assertEqual(replica_problems(
+            "sum by (instance, reason) (increase(stepwatch_collector_steps_rejected_total[10m]))"),
+            [])
+
+    def test_rules_do_not_depend_on_the_number_of_replicas(self):
+        rules = [(r.get("alert") or r["record"], r["expr"]) for r in alert_rules()]
+        rules += [(r["record"], r["expr"]) for r in recording_rules()]
+        for name, expr in rules:
+            with self.subTest(rule=name):
+                self.assertEqual(replica_problems(expr), [], expr)
+                # A bare comparison of a replicated series alerts once per replica.
+                replicated = [m for m in metric_names(expr)
+                              if not m.startswith(PER_INSTANCE_PREFIXES)]
+                if replicated and not name.startswith(("job", "node", "cluster")):
+                    self.assertRegex(expr, r"\b(max|group|count|sum) by \(", expr)
+                    self.assertNotRegex(expr, r"\bby \([^)]*\binstance\b", expr)
+
+    def test_job_findings_count_only_from_replicas_that_receive_the_job(self):
+        """A collector a job moved away from keeps its last verdicts until --expire: each alert on
+        a job's findings keeps only replicas whose last step of the job is recent."""
+        for rule in alert_rules():
+            m = re.search(r'stepwatch_finding\{kind="(\w+)"\}', rule["expr"])
+            if not m or m.group(1) == "idle_gpu":
+                continue
+            with self.subTest(alert=rule["alert"]):
+                self.assertRegex(
+                    rule["expr"],
+                    r'stepwatch_finding\{kind="\w+"\}\s*and on \(instance, job\) \(\s*'
+                    r"stepwatch_job_last_seen_timestamp_seconds\s*>= on \(job\) group_left \(\)\s*"
+                    r"\(max by \(job\) \(stepwatch_job_last_seen_timestamp_seconds\) - \d+\)\)")
+
+    def test_rule_tests_cover_replicas(self):
+        """Some rule test feeds two or more replicas of one finding, a restart and a move."""
+        path = os.path.join(DEPLOY, "prometheus", "tests", "replicas.yml")
+        doc = load_yaml(path)
+        instances = set()
+        for case in doc["tests"]:
+            for s in case["input_series"]:
+                if s["series"].startswith("stepwatch_finding{"):
+                    instances.add(re.search(r'instance="([^"]+)"', s["series"]).group(1))
+        self.assertGreaterEqual(len(instances), 3)
+        self.assertIn("ALERTS_FOR_STATE", json.dumps(doc))
 
     def test_every_alert_has_firing_and_quiet_unit_tests(self):
         firing, quiet = set(), set()
@@ -154,7 +335,7 @@ class PrometheusRulesTest(unittest.TestCase):
                 rules = [r for r in alert_rules()
                          if f'stepwatch_finding{{kind="{kind}"}}' in r["expr"]]
                 self.assertEqual(len(rules), 1, f"alerts on {kind} findings")
-                m = re.search(r'max by \(([\w, ]+)\) \(stepwatch_finding\{kind="' + kind,
+                m = re.search(r'max by \(([\w, ]+)\) \(\s*stepwatch_finding\{kind="' + kind,
                               rules[0]["expr"])
                 self.assertIsNotNone(m, rules[0]["expr"])
                 labels = {x.strip() for x in m.group(1).split(",")}
@@ -245,6 +426,14 @@ class GrafanaTest(unittest.TestCase):
                         self.assertEqual(p["datasource"]["uid"], "${datasource}")
                         self.assertTrue(p["targets"], p["title"])
 
+    def test_panels_give_single_replica_results(self):
+        """Every panel query, evaluated by promtool over two identical collector replicas, gives
+        exactly the samples it gives over one, and has data."""
+        exprs = [substitute(e).replace("[1m]", "[5m]")
+                 for board in dashboards().values() for _, e in panel_exprs(board)]
+        result = run_replica_equivalence(self, exprs, [True] * len(exprs))
+        self.assertEqual(result.returncode, 0, result.stdout[-6000:] + result.stderr[-2000:])
+
     def test_panel_queries_parse(self):
         """Every panel query (variables substituted) must be valid PromQL: promtool parses them."""
         promtool = shutil.which("promtool")
@@ -267,6 +456,12 @@ class GrafanaTest(unittest.TestCase):
             self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         self.assertGreater(len(rules), 30)
 
+    def test_panels_do_not_depend_on_the_number_of_replicas(self):
+        for name, board in dashboards().items():
+            for title, expr in panel_exprs(board):
+                with self.subTest(dashboard=name, panel=title):
+                    self.assertEqual(replica_problems(expr), [], expr)
+
     def test_panel_metrics_are_exported(self):
         sources = exported_metric_sources()
         if '"stepwatch_job_step_seconds"' not in sources:
@@ -286,6 +481,90 @@ class GrafanaTest(unittest.TestCase):
                                       "stepwatch.yml"))
         self.assertEqual(prov["providers"][0]["type"], "file")
         self.assertTrue(prov["providers"][0]["options"]["path"].startswith("/"))
+
+
+def container_flags(container):
+    return dict(a[2:].split("=", 1) for a in container["args"] if "=" in a)
+
+
+def collector_topology_problems(objects):
+    """What is missing or inconsistent in the replicated collectors and the agents that find them:
+    a StatefulSet of at least 2 behind a headless Service (only ready pods in DNS) that its
+    serviceName names, a PodDisruptionBudget of one, anti-affinity across nodes, readiness and
+    liveness probes, and agents whose --collector=dns:///NAME:PORT is that Service's name and
+    gRPC port, with --replicas at least 2 and below the collectors' count. `objects` maps
+    (kind, name) to the parsed manifests."""
+    problems = []
+    sets = [d for (kind, _), d in objects.items() if kind == "StatefulSet"
+            and d["metadata"]["name"] == "stepwatch-collector"]
+    if not sets:
+        return ["no StatefulSet stepwatch-collector"]
+    sts = sets[0]
+    spec = sts["spec"]
+    pod = spec["template"]["spec"]
+    labels = spec["template"]["metadata"]["labels"]
+    ns = sts["metadata"]["namespace"]
+    replicas = spec.get("replicas", 1)
+    if replicas < 2:
+        problems.append(f"StatefulSet replicas {replicas}: no replica to fail over to")
+    if not spec["selector"]["matchLabels"].items() <= labels.items():
+        problems.append("StatefulSet selector does not match its pods")
+    svc = objects.get(("Service", spec.get("serviceName")))
+    if svc is None:
+        problems.append(f"no Service {spec.get('serviceName')} (the StatefulSet's serviceName)")
+    else:
+        if svc["spec"].get("clusterIP") != "None":
+            problems.append("the collectors' Service is not headless (clusterIP: None)")
+        if svc["spec"].get("publishNotReadyAddresses", False):
+            problems.append("the headless Service publishes collectors that are not ready")
+        if not svc["spec"]["selector"].items() <= labels.items():
+            problems.append("the headless Service does not select the collector pods")
+        if svc["metadata"]["namespace"] != ns:
+            problems.append("the headless Service is in another namespace")
+    pdbs = [d for (kind, _), d in objects.items() if kind == "PodDisruptionBudget"
+            and d["spec"]["selector"]["matchLabels"].items() <= labels.items()]
+    if len(pdbs) != 1:
+        problems.append(f"{len(pdbs)} PodDisruptionBudgets select the collectors, want 1")
+    elif pdbs[0]["spec"].get("maxUnavailable") != 1:
+        problems.append("the PodDisruptionBudget does not keep all but one collector")
+    anti = pod.get("affinity", {}).get("podAntiAffinity", {})
+    terms = anti.get("requiredDuringSchedulingIgnoredDuringExecution", [])
+    if not any(term.get("topologyKey") == "kubernetes.io/hostname" and
+               term["labelSelector"]["matchLabels"].items() <= labels.items() for term in terms):
+        problems.append("no required pod anti-affinity of the collectors across nodes")
+    (c,) = pod["containers"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        if probe not in c:
+            problems.append(f"collector without {probe}")
+    grpc_port = int(container_flags(c).get("grpc-listen", ":0").rsplit(":", 1)[1])
+    agents = [d for (kind, _), d in objects.items() if kind == "DaemonSet"]
+    if not agents:
+        problems.append("no agent DaemonSet")
+    for ds in agents:
+        flags = container_flags(ds["spec"]["template"]["spec"]["containers"][0])
+        target = flags.get("collector", "")
+        m = re.fullmatch(r"dns:///([\w.-]+):(\d+)", target)
+        if not m:
+            problems.append(f"agent --collector={target} is not dns:///NAME:PORT")
+            continue
+        name, port = m.group(1), int(m.group(2))
+        if svc is not None:
+            want = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local"
+            if name not in (want, want[:-len(".cluster.local")]):
+                problems.append(f"agent resolves {name}, the headless Service is {want}")
+            ports = [p for p in svc["spec"]["ports"] if p["port"] == port]
+            if not ports:
+                problems.append(f"agent port {port} is no port of the headless Service")
+            elif ports[0]["targetPort"] not in [p["name"] for p in c["ports"]
+                                                 if p["containerPort"] == grpc_port]:
+                problems.append(f"agent port {port} does not reach the collectors' gRPC port")
+        r = int(flags.get("replicas", "0"))
+        if not 2 <= r < replicas:
+            problems.append(f"agent --replicas={r}: want 2 or more, fewer than the {replicas} "
+                            "collectors (so one can fail)")
+        if "metrics-listen" not in flags:
+            problems.append("agent without --metrics-listen: no raw node view for Prometheus")
+    return problems
 
 
 def kubectl_env():
@@ -332,7 +611,7 @@ class KubernetesTest(unittest.TestCase):
         # `set env` errors on objects without a pod template, so only count the workloads.
         workloads = [l for l in result.stdout.split() if "/" in l]
         self.assertIn("daemonset.apps/stepwatch-agent", workloads, result.stderr)
-        self.assertIn("deployment.apps/stepwatch-collector", workloads, result.stderr)
+        self.assertIn("statefulset.apps/stepwatch-collector", workloads, result.stderr)
         self.assertIn("job.batch/resnet-ddp", workloads, result.stderr)
         self.assertNotIn("unable to decode", result.stderr)
 
@@ -347,6 +626,56 @@ class KubernetesTest(unittest.TestCase):
                                   "-f", tmp.name, "X=1")
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("containerPort", result.stderr)
+
+    def test_collectors_are_replicated_and_found_by_the_agents(self):
+        self.assertEqual(collector_topology_problems(self.objects), [])
+        self.assertEqual(self.objects[("StatefulSet", "stepwatch-collector")]["spec"]["replicas"],
+                         3)
+
+    def test_topology_check_catches_what_is_missing(self):
+        """Each broken variant of the manifests fails the topology check."""
+        import copy
+
+        def broken(edit):
+            objects = copy.deepcopy(self.objects)
+            edit(objects)
+            return collector_topology_problems(objects)
+
+        sts = ("StatefulSet", "stepwatch-collector")
+        svc = ("Service", "stepwatch-collector")
+        agent = ("DaemonSet", "stepwatch-agent")
+
+        def set_agent_flag(objects, flag, value):
+            c = objects[agent]["spec"]["template"]["spec"]["containers"][0]
+            c["args"] = [a for a in c["args"] if not a.startswith(f"--{flag}=")]
+            if value is not None:
+                c["args"].append(f"--{flag}={value}")
+
+        variants = {
+            "no StatefulSet": lambda o: o.pop(sts),
+            "one replica": lambda o: o[sts]["spec"].update(replicas=1),
+            "Service not headless": lambda o: o[svc]["spec"].pop("clusterIP"),
+            "not-ready pods in DNS": lambda o: o[svc]["spec"].update(
+                publishNotReadyAddresses=True),
+            "serviceName elsewhere": lambda o: o[sts]["spec"].update(serviceName="other"),
+            "no PodDisruptionBudget": lambda o: o.pop(("PodDisruptionBudget",
+                                                       "stepwatch-collector")),
+            "no anti-affinity": lambda o: o[sts]["spec"]["template"]["spec"].pop("affinity"),
+            "no readiness probe": lambda o: o[sts]["spec"]["template"]["spec"]["containers"][0]
+            .pop("readinessProbe"),
+            "agent on a plain address": lambda o: set_agent_flag(
+                o, "collector", "stepwatch-collector.stepwatch.svc:7070"),
+            "agent resolves another name": lambda o: set_agent_flag(
+                o, "collector", "dns:///collectors.stepwatch.svc.cluster.local:7070"),
+            "agent on the metrics port": lambda o: set_agent_flag(
+                o, "collector", "dns:///stepwatch-collector.stepwatch.svc.cluster.local:9464"),
+            "agent with one replica": lambda o: set_agent_flag(o, "replicas", "1"),
+            "agent without --replicas": lambda o: set_agent_flag(o, "replicas", None),
+            "agent without /metrics": lambda o: set_agent_flag(o, "metrics-listen", None),
+        }
+        for name, edit in variants.items():
+            with self.subTest(variant=name):
+                self.assertNotEqual(broken(edit), [])
 
     def pod_spec(self, kind, name):
         return self.objects[(kind, name)]["spec"]["template"]["spec"]
@@ -394,12 +723,9 @@ class KubernetesTest(unittest.TestCase):
         metrics_port = int(flags["metrics-listen"].rsplit(":", 1)[1])
         self.assertIn(metrics_port, [p["containerPort"] for p in c["ports"]])
         self.check_service_targets("stepwatch-agent", labels, c)
-        # The agent reaches the collector through its Service.
-        host, port = flags["collector"].rsplit(":", 1)
-        self.assertEqual(host.split(".")[0], "stepwatch-collector")
-        svc = self.objects[("Service", "stepwatch-collector")]
-        self.assertEqual(host.split(".")[1], svc["metadata"]["namespace"])
-        self.assertIn(int(port), [p["port"] for p in svc["spec"]["ports"]])
+        # The agent finds the collectors through their headless Service
+        # (test_collectors_are_replicated_and_found_by_the_agents checks the name and port).
+        self.assertTrue(flags["collector"].startswith("dns:///stepwatch-collector."))
         # A training pod mounts the same directory and points STEPWATCH_SOCKET at the socket.
         job = load_yaml(os.path.join(K8S, "examples", "training-job.yaml"))
         tspec = job["spec"]["template"]["spec"]
@@ -407,9 +733,9 @@ class KubernetesTest(unittest.TestCase):
         self.assertEqual(tenv["STEPWATCH_SOCKET"], flags["socket"])
         self.assertEqual(tspec["volumes"][0]["hostPath"]["path"], "/run/stepwatch")
 
-    def test_collector_deployment(self):
-        labels = self.check_selector("Deployment", "stepwatch-collector")
-        spec = self.pod_spec("Deployment", "stepwatch-collector")
+    def test_collector_statefulset(self):
+        labels = self.check_selector("StatefulSet", "stepwatch-collector")
+        spec = self.pod_spec("StatefulSet", "stepwatch-collector")
         (c,) = spec["containers"]
         flags = self.flags(c)
         self.check_resources(c)
@@ -417,10 +743,14 @@ class KubernetesTest(unittest.TestCase):
         ports = {p["containerPort"] for p in c["ports"]}
         for flag in ("grpc-listen", "metrics-listen"):
             self.assertIn(int(flags[flag].rsplit(":", 1)[1]), ports)
+        # Each collector's state on its own volume, from the StatefulSet's claim template.
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
-        volumes = {v["name"]: v for v in spec["volumes"]}
-        claim = volumes[mounts[flags["state-dir"]]]["persistentVolumeClaim"]["claimName"]
-        self.assertIn(("PersistentVolumeClaim", claim), self.objects)
+        templates = {t["metadata"]["name"]: t for t in
+                     self.objects[("StatefulSet", "stepwatch-collector")]["spec"]
+                     ["volumeClaimTemplates"]}
+        self.assertIn(mounts[flags["state-dir"]], templates)
+        self.assertEqual(templates[mounts[flags["state-dir"]]]["spec"]["accessModes"],
+                         ["ReadWriteOnce"])
         self.check_service_targets("stepwatch-collector", labels, c)
 
     def tls_secret_file(self, spec, container, path):
@@ -437,7 +767,7 @@ class KubernetesTest(unittest.TestCase):
         return certs[0]
 
     def test_grpc_is_mutual_tls_from_cert_manager(self):
-        spec = self.pod_spec("Deployment", "stepwatch-collector")
+        spec = self.pod_spec("StatefulSet", "stepwatch-collector")
         (collector,) = spec["containers"]
         cflags = self.flags(collector)
         server = self.tls_secret_file(spec, collector, cflags["tls-cert"])
@@ -455,9 +785,12 @@ class KubernetesTest(unittest.TestCase):
         self.assertIs(self.tls_secret_file(aspec, agent, aflags["tls-key"]), client)
         self.assertIn("client auth", client["spec"]["usages"])
         self.tls_secret_file(aspec, agent, aflags["tls-ca"])
-        # The agent verifies that the collector's certificate names the host it dials.
-        host = aflags["collector"].rsplit(":", 1)[0]
+        # The agent verifies that the collectors' certificate names the Service it resolves (it
+        # dials each pod's address, checking the certificate against the name); the pods' own
+        # names are covered too.
+        host = aflags["collector"].rsplit(":", 1)[0][len("dns:///"):]
         self.assertIn(host, server["spec"]["dnsNames"])
+        self.assertIn(f"*.{host}", server["spec"]["dnsNames"])
         # A certificate shared by every agent names no node: the node check must be off.
         self.assertEqual(cflags.get("verify-node-identity"), "false")
 

@@ -203,7 +203,8 @@ class CollectorCliTest(unittest.TestCase):
         self.assertIn("stopped", c.log())
 
     def test_bad_flags_are_rejected(self):
-        for flag in ("--expire=-1", "--grpc-listen=nonsense", "--max-jobs=0"):
+        for flag in ("--expire=-1", "--grpc-listen=nonsense", "--max-jobs=0",
+                     "--export-node-metrics=some"):
             result = subprocess.run([build_path("stepwatch-collector"), flag,
                                      "--metrics-listen=127.0.0.1:0"],
                                     capture_output=True, text=True, timeout=30)
@@ -215,7 +216,8 @@ class CollectorCliTest(unittest.TestCase):
                                 capture_output=True, text=True, timeout=30)
         text = result.stdout + result.stderr
         for flag in ("grpc_listen", "metrics_listen", "state_dir", "expire", "max_jobs",
-                     "max_ranks_per_job", "max_nodes", "underutil_threshold"):
+                     "max_ranks_per_job", "max_nodes", "underutil_threshold",
+                     "export_node_metrics"):
             self.assertIn(flag, text)
 
 

@@ -1,7 +1,10 @@
-"""A real agent (fake NVML) and collector show the same GPU and host families on /metrics.
+"""GPU and host readings of a real agent (fake NVML) on the agent's and collector's /metrics.
 
 Both exporters read one table (metrics/node_metric_table.cc): the agent names a metric
-stepwatch_agent_<name>, the collector stepwatch_<name>, with the same TYPE, HELP and labels.
+stepwatch_agent_<name>, the collector stepwatch_<name>, with the same TYPE, HELP and labels. The
+agent shows every reading of its node; the collector, by default (--export-node-metrics=findings),
+only those of the nodes and GPUs its findings name, and all of them with
+--export-node-metrics=all.
 """
 
 import tempfile
@@ -53,7 +56,7 @@ class NodeMetricsTest(unittest.TestCase):
     def test_agent_and_collector_show_the_same_gpu_and_host_families(self):
         gpus = [fake_gpu(0, utilization=80, pids=[4000]),
                 fake_gpu(1, utilization=30, pids=[], sm_clock_mhz=1410, throttle_reasons=0x20)]
-        with Collector(self.tmp) as collector, \
+        with Collector(self.tmp, export_node_metrics="all") as collector, \
                 Agent(self.tmp, collector.grpc_addr, node="node-m",
                       fake_nvml_state=fake_nvml_state(gpus)) as agent:
             def shipped():
@@ -92,6 +95,46 @@ class NodeMetricsTest(unittest.TestCase):
                 self.assertEqual(agent_families[name][3], collector_families[name][3])
         key = (("gpu", "1"), ("node", "node-m"))
         self.assertEqual(collector_families["gpu_sm_clock_hertz"][3][key], 1410e6)
+
+    def test_collector_exports_only_the_readings_of_gpus_in_findings(self):
+        # node-q: two busy GPUs with processes, never in a finding. node-i: GPU 0 busy, GPU 1
+        # idle (30%, no process, no job), an idle_gpu finding after --underutil-window.
+        busy = [fake_gpu(0, utilization=90, pids=[4000]), fake_gpu(1, utilization=95, pids=[4001])]
+        idle = [fake_gpu(0, utilization=90, pids=[4100]), fake_gpu(1, utilization=30, pids=[])]
+        with Collector(self.tmp, underutil_window=1) as collector, \
+                Agent(self.tmp, collector.grpc_addr, node="node-q",
+                      fake_nvml_state=fake_nvml_state(busy)) as quiet_agent, \
+                Agent(self.tmp, collector.grpc_addr, node="node-i",
+                      fake_nvml_state=fake_nvml_state(idle)):
+            def idle_found():
+                s = collector.scrape()
+                return (metric_value(s, "stepwatch_finding", kind="idle_gpu", node="node-i",
+                                     gpu=1) == 1
+                        and metric_value(s, "stepwatch_collector_nodes") == 2
+                        and metric_value(s, "stepwatch_gpu_utilization_ratio", node="node-i",
+                                         gpu=1) is not None)
+
+            wait_until(idle_found, timeout=30, message="an idle_gpu finding on node-i GPU 1")
+            text = http_get(collector.metrics_url)
+            agent_q = families(http_get(quiet_agent.metrics_url), "stepwatch_agent_")
+
+        readings = families(text, "stepwatch_")
+        for name in COLLECTOR_ONLY:
+            readings.pop(name, None)
+        places = set()
+        for name, (_, _, _, series) in readings.items():
+            for labels in series:
+                labels = dict(labels)
+                places.add((labels["node"], labels.get("gpu")))
+        # The idle GPU and its node's host readings; not node-i's busy GPU 0, nothing of node-q.
+        self.assertEqual(places, {("node-i", "1"), ("node-i", None)})
+        self.assertEqual(readings["gpu_utilization_ratio"][3],
+                         {(("gpu", "1"), ("node", "node-i")): 0.3})
+        self.assertIn("host_cpus", readings)
+        self.assertIsNone(metric_value(parse_metrics(text), "stepwatch_node_up", node="node-q"))
+        # node-q's readings are on its agent's /metrics.
+        self.assertEqual(set(agent_q["gpu_utilization_ratio"][3]),
+                         {(("gpu", "0"), ("node", "node-q")), (("gpu", "1"), ("node", "node-q"))})
 
 
 if __name__ == "__main__":

@@ -52,8 +52,9 @@ class PipelineTest(unittest.TestCase):
             step_seconds = metric_value(samples, "stepwatch_job_step_seconds", job="job-two")
             self.assertIsNotNone(step_seconds)
             self.assertAlmostEqual(step_seconds, 0.1, places=3)
-            self.assertEqual(metric_value(samples, "stepwatch_node_up", node="node-a"), 1)
-            self.assertEqual(metric_value(samples, "stepwatch_node_up", node="node-b"), 1)
+            # Both nodes tracked; their up series are only exported once a finding names them
+            # (--export-node-metrics=findings), the agents' /metrics show every node.
+            self.assertEqual(metric_value(samples, "stepwatch_collector_nodes"), 2)
             self.assertEqual(metric_value(samples, "stepwatch_collector_duplicate_batches_total"), 0)
 
             status = ctl_json(collector.grpc_addr, "status")
@@ -141,7 +142,8 @@ class PipelineTest(unittest.TestCase):
 
     def test_fake_nvml_drives_gpu_series(self):
         gpus = [fake_gpu(i, utilization=90, pids=[4000 + i]) for i in range(4)]
-        with Collector(self.tmp) as collector, \
+        # Every GPU's readings at the collector, as a small single-collector install has them.
+        with Collector(self.tmp, export_node_metrics="all") as collector, \
                 Agent(self.tmp, collector.grpc_addr, node="node-g",
                       fake_nvml_state=fake_nvml_state(gpus)) as agent:
             def gpu_util(gpu):
@@ -169,9 +171,8 @@ class PipelineTest(unittest.TestCase):
     def test_agent_without_nvml_runs_and_says_so(self):
         with Collector(self.tmp) as collector, \
                 Agent(self.tmp, collector.grpc_addr, node="node-nogpu") as agent:
-            wait_until(lambda: metric_value(collector.scrape(), "stepwatch_node_up",
-                                            node="node-nogpu") == 1, timeout=15,
-                       message="node seen")
+            wait_until(lambda: metric_value(collector.scrape(), "stepwatch_collector_nodes") == 1,
+                       timeout=15, message="node seen")
             self.assertEqual(metric_value(agent.scrape(), "stepwatch_agent_nvml_available"), 0)
             said = [l for l in agent.log().splitlines() if "NVML unavailable" in l]
             self.assertEqual(len(said), 1, agent.log())

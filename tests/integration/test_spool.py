@@ -215,8 +215,10 @@ class SpoolTest(unittest.TestCase):
             wait_until(lambda: agent_value(agent, "stepwatch_agent_spool_batches_dropped_total") > 0,
                        timeout=30, message="oldest spooled batches dropped")
             def on_disk():
-                return sum(os.path.getsize(os.path.join(self.spool_dir, f))
-                           for f in os.listdir(self.spool_dir) if f.endswith(".swb"))
+                # One subdirectory per collector (agent/README.md).
+                return sum(os.path.getsize(os.path.join(root, f))
+                           for root, _, files in os.walk(self.spool_dir)
+                           for f in files if f.endswith(".swb"))
 
             # The agent may still be cutting its last batches: the gauge and the files agree once
             # it is done (each read between two batches).

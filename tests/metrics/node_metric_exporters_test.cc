@@ -90,7 +90,10 @@ std::vector<MetricFamily> CollectorFamilies() {
   n.gpus = Gpus();
   n.host = Host();
   s.nodes.push_back(n);
-  return collector::BuildMetricFamilies(s, {});
+  // Every node's readings (by default only those of nodes and GPUs in findings).
+  collector::MetricsOptions options;
+  options.export_node_metrics = collector::NodeMetricsExport::kAll;
+  return collector::BuildMetricFamilies(s, options);
 }
 
 struct Family {

@@ -1,0 +1,565 @@
+#include "agent/collector_router.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace stepwatch::agent {
+namespace {
+
+void AddCounters(const ShipperStats& s, ShipperStats* sum) {
+  sum->batches_created_total += s.batches_created_total;
+  sum->batches_sent_total += s.batches_sent_total;
+  sum->batches_resent_total += s.batches_resent_total;
+  sum->batches_acknowledged_total += s.batches_acknowledged_total;
+  sum->batches_dropped_total += s.batches_dropped_total;
+  sum->events_shipped_total += s.events_shipped_total;
+  sum->connect_attempts_total += s.connect_attempts_total;
+  sum->connects_total += s.connects_total;
+}
+
+std::string JoinOrNone(const std::vector<std::string>& v) {
+  return v.empty() ? std::string("(none)") : absl::StrJoin(v, ",");
+}
+
+}  // namespace
+
+std::string LinkSpoolName(const std::string& address) {
+  std::string out = "collector-";
+  for (char c : address) {
+    const bool safe = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '.' || c == '-';
+    out.push_back(safe ? c : '_');
+  }
+  return out;
+}
+
+CollectorRouter::CollectorRouter(CollectorRouterOptions options, gpu::GpuSource* gpus,
+                                 host::HostSampler* host)
+    : options_(std::move(options)),
+      replicas_(std::max(1, options_.replicas)),
+      gpus_(gpus),
+      host_(host),
+      clock_(options_.link.clock ? options_.link.clock : &real_clock_),
+      exits_(options_.link.rank_exits) {
+  latest_.node = options_.link.node_info;
+}
+
+CollectorRouter::~CollectorRouter() {
+  Stop(absl::ZeroDuration());
+  if (spool_lock_fd_ >= 0) ::close(spool_lock_fd_);
+}
+
+absl::Status CollectorRouter::LockSpoolRoot() {
+  std::error_code ec;
+  std::filesystem::create_directories(options_.spool.dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create spool directory ", options_.spool.dir, ": ", ec.message()));
+  }
+  const std::string path = absl::StrCat(options_.spool.dir, "/lock");
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("spool directory ", options_.spool.dir, " is in use by another agent"));
+  }
+  spool_lock_fd_ = fd;
+  return absl::OkStatus();
+}
+
+absl::Status CollectorRouter::Start() {
+  if (options_.link.agent_id.empty()) return absl::InvalidArgumentError("agent_id is required");
+  if (options_.link.interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("interval must be > 0");
+  }
+  if (!options_.resolve && options_.targets.addresses.empty() && !options_.targets.is_dns()) {
+    return absl::InvalidArgumentError("no collectors given");
+  }
+  if (options_.resolve_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("resolve interval must be > 0");
+  }
+  if (!options_.spool.dir.empty() && spool_lock_fd_ < 0) {
+    if (absl::Status st = LockSpoolRoot(); !st.ok()) return st;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (started_) return absl::FailedPreconditionError("already started");
+    started_ = true;
+  }
+  if (absl::Status st = Resolve(/*at_start=*/true); !st.ok()) {
+    std::vector<std::shared_ptr<Link>> opened;
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = stopped_ = true;
+      for (auto& [address, link] : links_) opened.push_back(link);
+    }
+    StopLinks(opened, absl::ZeroDuration());
+    return st;
+  }
+  ticker_ = std::thread([this] { TickerLoop(); });
+  resolver_ = std::thread([this] { ResolverLoop(); });
+  return absl::OkStatus();
+}
+
+void CollectorRouter::AddStep(v1::StepEvent&& event) {
+  exits_.Observe(
+      event.job(), event.rank(), event.pid(),
+      event.received_unix_nanos() != 0 ? event.received_unix_nanos() : clock_->NowUnixNanos());
+  absl::MutexLock lock(&mu_);
+  if (pending_.size() >= options_.link.max_pending_events) {
+    ++router_stats_.events_dropped_total;
+    return;
+  }
+  pending_.push_back(std::move(event));
+}
+
+void CollectorRouter::FlushNow() { Cut(/*with_samples=*/true); }
+
+absl::StatusOr<std::shared_ptr<CollectorRouter::Link>> CollectorRouter::MakeLink(
+    const std::string& address, bool at_start) {
+  auto link = std::make_shared<Link>();
+  link->address = address;
+  ShipperOptions o = options_.link;
+  o.collector = address;
+  o.own_schedule = false;
+  // A link of its own numbers its batches from 1: a boot_id of its own keeps the collector from
+  // taking them for ones an earlier link to it already sent (collector/dedupe.h).
+  o.boot_id = MakeBootId();
+  o.spool = nullptr;
+  if (!options_.spool.dir.empty()) {
+    SpoolOptions so = options_.spool;
+    so.dir = absl::StrCat(options_.spool.dir, "/", LinkSpoolName(address));
+    absl::StatusOr<std::unique_ptr<Spool>> spool = Spool::Open(so, o.agent_id);
+    if (spool.ok()) {
+      link->spool = *std::move(spool);
+      o.spool = link->spool.get();
+      const SpoolStats ss = link->spool->stats();
+      if (ss.replayed_batches_total > 0) {
+        SW_LOG_INFO << "spool " << so.dir << ": " << ss.replayed_batches_total
+                    << " batches to replay to " << address;
+      }
+    } else if (at_start) {
+      return spool.status();
+    } else {
+      SW_LOG_WARNING << "collector " << address << ": no spool (" << spool.status().message()
+                     << "); its batches are held in memory only";
+    }
+  }
+  link->shipper = std::make_unique<Shipper>(o, nullptr, nullptr);
+  if (absl::Status st = link->shipper->Start(); !st.ok()) return st;
+  return link;
+}
+
+absl::Status CollectorRouter::Resolve(bool at_start) {
+  absl::MutexLock resolve_lock(&resolve_mu_);
+  absl::StatusOr<std::vector<std::string>> resolved =
+      options_.resolve ? options_.resolve() : ResolveCollectorTargets(options_.targets);
+  if (resolved.ok() && resolved->empty()) {
+    resolved = absl::NotFoundError("the collector list resolved to no address");
+  }
+  if (!resolved.ok()) {
+    size_t kept = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      ++counters_.resolve_errors_total;
+      kept = links_.size();
+    }
+    uint64_t suppressed = 0;
+    if (resolve_log_.Allow(&suppressed)) {
+      SW_LOG_WARNING << "cannot resolve the collectors: " << resolved.status().message()
+                     << "; keeping the last list (" << kept << " collectors)"
+                     << (suppressed > 0 ? absl::StrCat(", ", suppressed, " similar suppressed")
+                                        : std::string());
+    }
+    return absl::OkStatus();
+  }
+  const std::set<std::string> want(resolved->begin(), resolved->end());
+  std::vector<std::string> to_add;
+  std::vector<std::shared_ptr<Link>> removed;
+  {
+    absl::MutexLock lock(&mu_);
+    resolved_once_ = true;
+    if (stop_) return absl::OkStatus();
+    for (const std::string& a : want) {
+      if (links_.count(a) == 0) to_add.push_back(a);
+    }
+    for (auto it = links_.begin(); it != links_.end();) {
+      if (want.count(it->first) == 0) {
+        removed.push_back(it->second);
+        it = links_.erase(it);
+        ++counters_.links_removed_total;
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& link : removed) {
+    SW_LOG_INFO << "collector " << link->address
+                << " left the list: flushing its link, then closing it";
+  }
+  // Outside mu_: a removed collector's flush must not hold up the ticker.
+  StopLinks(removed, options_.removed_flush_timeout);
+  for (const std::string& a : to_add) {
+    absl::StatusOr<std::shared_ptr<Link>> made = MakeLink(a, at_start);
+    if (!made.ok()) {
+      if (at_start) return made.status();
+      SW_LOG_ERROR << "collector " << a << ": cannot start its link: " << made.status();
+      continue;
+    }
+    std::shared_ptr<Link> link = *std::move(made);
+    size_t count = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) {
+        // Stop() has already taken the links it stops; this one stops here.
+        link->shipper->Stop(absl::ZeroDuration());
+        return absl::OkStatus();
+      }
+      links_.emplace(a, link);
+      ++counters_.links_added_total;
+      count = links_.size();
+    }
+    SW_LOG_INFO << "collector " << a << " added (" << count << " collectors, boot_id "
+                << link->shipper->boot_id() << ")";
+  }
+  return absl::OkStatus();
+}
+
+void CollectorRouter::StopLinks(std::vector<std::shared_ptr<Link>> links,
+                                absl::Duration flush_timeout) {
+  std::vector<std::thread> stoppers;
+  for (const auto& link : links) {
+    stoppers.emplace_back([link, flush_timeout] { link->shipper->Stop(flush_timeout); });
+  }
+  for (std::thread& t : stoppers) t.join();
+  absl::MutexLock lock(&mu_);
+  for (const auto& link : links) AddRemovedTotals(link->shipper->stats());
+}
+
+void CollectorRouter::AddRemovedTotals(const ShipperStats& s) { AddCounters(s, &removed_totals_); }
+
+void CollectorRouter::Stop(absl::Duration flush_timeout) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    stop_ = true;
+    if (!started_) return;
+  }
+  if (ticker_.joinable()) ticker_.join();
+  if (resolver_.joinable()) resolver_.join();
+  bool has_pending = false;
+  {
+    absl::MutexLock lock(&mu_);
+    has_pending = !pending_.empty();
+  }
+  if (has_pending) Cut(/*with_samples=*/false);
+  std::vector<std::shared_ptr<Link>> links;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [address, link] : links_) links.push_back(link);
+  }
+  StopLinks(links, flush_timeout);
+}
+
+void CollectorRouter::TickerLoop() {
+  absl::Time next = clock_->TimeNow() + options_.link.interval;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (clock_->AwaitWithDeadline(&mu_, absl::Condition(this, &CollectorRouter::Stopping),
+                                    next)) {
+        return;
+      }
+    }
+    Cut(/*with_samples=*/true);
+    next += options_.link.interval;
+    // After a stall skip missed ticks instead of bursting.
+    const absl::Time now = clock_->TimeNow();
+    if (next < now) next = now + options_.link.interval;
+  }
+}
+
+void CollectorRouter::ResolverLoop() {
+  while (true) {
+    absl::Duration wait = options_.resolve_interval;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!resolved_once_) wait = std::min(wait, options_.initial_resolve_retry);
+      if (clock_->AwaitWithDeadline(&mu_, absl::Condition(this, &CollectorRouter::Stopping),
+                                    clock_->TimeNow() + wait)) {
+        return;
+      }
+    }
+    ResolveNow();
+  }
+}
+
+bool CollectorRouter::Reachable(const Link& link, absl::Time now) const {
+  const LinkState state = link.shipper->link_state();
+  return state.connected || now - state.since < options_.failover_after;
+}
+
+std::vector<std::string> CollectorRouter::Candidates(const Links& links) const {
+  const absl::Time now = clock_->TimeNow();
+  std::vector<std::string> all, reachable;
+  for (const auto& [address, link] : links) {
+    all.push_back(address);
+    if (Reachable(*link, now)) reachable.push_back(address);
+  }
+  return reachable.empty() ? all : reachable;
+}
+
+// Bounded: a flood of job names (a local user may send any) is still placed, but beyond the bound
+// new jobs neither draw the node's samples nor have their moves logged.
+void CollectorRouter::RememberJob(const std::string& job, absl::Time now) {
+  auto it = recent_jobs_.find(job);
+  if (it != recent_jobs_.end()) {
+    it->second = now;
+  } else if (recent_jobs_.size() < options_.max_recent_jobs) {
+    recent_jobs_.emplace(job, now);
+  }
+}
+
+std::vector<std::string> CollectorRouter::OwnersOf(const std::string& job) const {
+  absl::MutexLock lock(&mu_);
+  return RendezvousOwners(job, Candidates(links_), replicas_);
+}
+
+std::vector<std::string> CollectorRouter::collectors() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& [address, link] : links_) out.push_back(address);
+  return out;
+}
+
+void CollectorRouter::Cut(bool with_samples) {
+  absl::MutexLock cut_lock(&cut_mu_);
+  const absl::Time now_time = clock_->TimeNow();
+  const int64_t now = absl::ToUnixNanos(now_time);
+  v1::NodeInfo node = options_.link.node_info;
+  std::vector<v1::GpuSample> gpus;
+  std::optional<v1::HostSample> host;
+  uint64_t gpu_errors = 0, host_errors = 0;
+  if (gpus_ != nullptr) gpus_->DescribeNode(&node);
+  if (with_samples && gpus_ != nullptr) {
+    absl::StatusOr<std::vector<v1::GpuSample>> s = gpus_->Sample(now);
+    if (s.ok()) {
+      gpus = *std::move(s);
+    } else {
+      ++gpu_errors;
+    }
+  }
+  if (with_samples && host_ != nullptr) {
+    absl::StatusOr<v1::HostSample> s = host_->Sample(now);
+    if (s.ok()) {
+      host = *std::move(s);
+    } else {
+      ++host_errors;
+    }
+  }
+  if (with_samples) {
+    absl::MutexLock lock(&sample_mu_);
+    latest_.node = node;
+    latest_.gpus = gpus;
+    latest_.host = host;
+  }
+
+  Links links;
+  {
+    absl::MutexLock lock(&mu_);
+    router_stats_.gpu_sample_errors_total += gpu_errors;
+    router_stats_.host_sample_errors_total += host_errors;
+    links = links_;
+    if (links.empty()) {
+      // Nowhere to go yet: the steps wait (bounded by max_pending_events), exits stay tracked.
+      ++counters_.cuts_without_collectors_total;
+      return;
+    }
+  }
+  // Senders are checked before the steps are taken: a process's steps precede its exit.
+  std::vector<v1::RankExit> exits;
+  if (with_samples) exits = exits_.Check(now);
+  const std::vector<std::string> candidates = Candidates(links);
+
+  std::vector<v1::StepEvent> steps;
+  absl::flat_hash_map<std::string, std::vector<std::string>> owners;  // job -> collectors
+  std::set<std::string> node_owners;
+  struct Move {
+    std::string job;
+    std::vector<std::string> from, to;
+  };
+  std::vector<Move> moves;
+  {
+    absl::MutexLock lock(&mu_);
+    steps.swap(pending_);
+    router_stats_.rank_exits_total += exits.size();
+    for (const v1::StepEvent& e : steps) RememberJob(e.job(), now_time);
+    for (const v1::RankExit& x : exits) RememberJob(x.job(), now_time);
+    // A hung job sends no steps, but its owners still need this node's samples (its GPUs, and
+    // the node not reported quiet) while its processes live.
+    if (with_samples) {
+      for (const std::string& job : exits_.JobsWithLiveSenders()) RememberJob(job, now_time);
+    }
+    for (auto it = recent_jobs_.begin(); it != recent_jobs_.end();) {
+      if (now_time - it->second > options_.recent_job_window) {
+        job_owners_.erase(it->first);
+        recent_jobs_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    for (const auto& [job, seen] : recent_jobs_) {
+      std::vector<std::string> o = RendezvousOwners(job, candidates, replicas_);
+      node_owners.insert(o.begin(), o.end());
+      auto [it, inserted] = job_owners_.try_emplace(job, o);
+      if (!inserted && it->second != o) {
+        moves.push_back({job, it->second, o});
+        it->second = o;
+        ++counters_.job_moves_total;
+      }
+      owners.emplace(job, std::move(o));
+    }
+  }
+  for (const v1::StepEvent& e : steps) {
+    if (!owners.contains(e.job())) {
+      owners.emplace(e.job(), RendezvousOwners(e.job(), candidates, replicas_));
+    }
+  }
+  for (const v1::RankExit& x : exits) {
+    if (!owners.contains(x.job())) {
+      owners.emplace(x.job(), RendezvousOwners(x.job(), candidates, replicas_));
+    }
+  }
+  if (node_owners.empty()) {
+    for (std::string& a : RendezvousOwners(NodePlacementKey(options_.link.node_info.node()),
+                                           candidates, replicas_)) {
+      node_owners.insert(std::move(a));
+    }
+  }
+  for (const Move& m : moves) {
+    uint64_t suppressed = 0;
+    if (move_log_.Allow(&suppressed)) {
+      SW_LOG_INFO << "job " << m.job << " moved from collectors " << JoinOrNone(m.from) << " to "
+                  << JoinOrNone(m.to)
+                  << (suppressed > 0 ? absl::StrCat(" (", suppressed, " moves not logged)")
+                                     : std::string());
+    }
+  }
+
+  // Each collector's part of this cut, steps in arrival order.
+  std::map<std::string, CutContents> parts;
+  auto part = [&](const std::string& address) -> CutContents& {
+    auto [it, inserted] = parts.try_emplace(address);
+    if (inserted) {
+      it->second.created_unix_nanos = now;
+      it->second.node = node;
+    }
+    return it->second;
+  };
+  for (v1::StepEvent& e : steps) {
+    const std::vector<std::string>& o = owners[e.job()];
+    for (size_t i = 0; i < o.size(); ++i) {
+      if (i + 1 == o.size()) {
+        part(o[i]).steps.push_back(std::move(e));
+      } else {
+        part(o[i]).steps.push_back(e);
+      }
+    }
+  }
+  for (const v1::RankExit& x : exits) {
+    for (const std::string& a : owners[x.job()]) part(a).rank_exits.push_back(x);
+  }
+  if (with_samples) {
+    for (const std::string& a : node_owners) {
+      CutContents& p = part(a);
+      p.gpus = gpus;
+      p.host = host;
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    needed_.clear();
+    for (const auto& [address, contents] : parts) needed_.insert(address);
+    if (with_samples) needed_.insert(node_owners.begin(), node_owners.end());
+    cut_once_ = true;
+  }
+  for (auto& [address, contents] : parts) {
+    links.at(address)->shipper->Enqueue(std::move(contents));
+  }
+}
+
+CollectorRouterStats CollectorRouter::stats() const {
+  Links links;
+  CollectorRouterStats out;
+  std::set<std::string> needed;
+  bool cut_once = false;
+  absl::flat_hash_map<std::string, std::vector<std::string>> job_owners;
+  {
+    absl::MutexLock lock(&mu_);
+    links = links_;
+    out = counters_;
+    out.total = removed_totals_;
+    out.total.events_dropped_total = router_stats_.events_dropped_total;
+    out.total.gpu_sample_errors_total = router_stats_.gpu_sample_errors_total;
+    out.total.host_sample_errors_total = router_stats_.host_sample_errors_total;
+    out.total.rank_exits_total = router_stats_.rank_exits_total;
+    out.total.pending_events = pending_.size();
+    needed = needed_;
+    cut_once = cut_once_;
+    job_owners = job_owners_;
+  }
+  const absl::Time now = clock_->TimeNow();
+  bool all_needed_connected = !links.empty();
+  for (const auto& [address, link] : links) {
+    CollectorLinkStats l;
+    l.collector = address;
+    l.stats = link->shipper->stats();
+    l.boot_id = link->shipper->boot_id();
+    l.reachable = Reachable(*link, now);
+    l.owner = cut_once ? needed.count(address) > 0 : true;
+    for (const auto& [job, o] : job_owners) {
+      if (std::find(o.begin(), o.end(), address) != o.end()) ++l.jobs;
+    }
+    if (l.owner && !l.stats.connected) all_needed_connected = false;
+    AddCounters(l.stats, &out.total);
+    out.total.buffered_batches += l.stats.buffered_batches;
+    out.total.buffered_bytes += l.stats.buffered_bytes;
+    out.total.last_seq = std::max(out.total.last_seq, l.stats.last_seq);
+    if (l.stats.spool) {
+      if (!out.total.spool) out.total.spool = SpoolStats{};
+      SpoolStats& s = *out.total.spool;
+      s.batches += l.stats.spool->batches;
+      s.bytes += l.stats.spool->bytes;
+      s.replayed_batches_total += l.stats.spool->replayed_batches_total;
+      s.corrupt_records_total += l.stats.spool->corrupt_records_total;
+      s.dropped_batches_total += l.stats.spool->dropped_batches_total;
+      s.write_errors_total += l.stats.spool->write_errors_total;
+    }
+    out.links.push_back(std::move(l));
+  }
+  out.total.connected = all_needed_connected;
+  return out;
+}
+
+NodeSnapshot CollectorRouter::LatestSamples() const {
+  absl::MutexLock lock(&sample_mu_);
+  return latest_;
+}
+
+}  // namespace stepwatch::agent
