@@ -4,8 +4,8 @@
 //   - a job's steps and rank exits go to the first R reachable collectors of
 //     RendezvousOrder(job, collectors) (common/collectors.h);
 //   - the node's GPU and host samples go to the union of the owners of the jobs that sent steps
-//     on this node in the last `recent_job_window`, or with no such job to the owners of
-//     NodePlacementKey(node).
+//     on this node in the last `recent_job_window` or whose sender processes still run (a hung
+//     job), or with no such job to the owners of NodePlacementKey(node).
 // A collector is reachable while its stream is open, and for `failover_after` after it closed (or
 // after the link started, for one that never connected): short outages only buffer, longer ones
 // move the jobs to the next collector in their order, and they move back once it reconnects.

@@ -187,14 +187,18 @@ int Print(const Session& session, const Response& response, Format format,
 template <typename Request, typename Response>
 std::optional<int> AskEveryone(const Session& session, const Request& request,
                                const ctl::CollectorClients::AsyncCall<Request, Response>& call,
-                               std::vector<Response>* ok, std::string* footer) {
+                               std::vector<Response>* ok, std::string* footer,
+                               std::vector<std::string>* who = nullptr) {
   std::vector<Answer<Response>> answered, failed;
   for (Answer<Response>& a : session.clients->Ask(session.collectors, request, call)) {
     (a.status.ok() ? answered : failed).push_back(std::move(a));
   }
   if (answered.empty()) return FailNoAnswer(session, failed);
   WarnNoAnswer(failed);
-  for (Answer<Response>& a : answered) ok->push_back(std::move(a.response));
+  for (Answer<Response>& a : answered) {
+    if (who != nullptr) who->push_back(a.collector);
+    ok->push_back(std::move(a.response));
+  }
   *footer = Footer(answered, {}, failed, "");
   return std::nullopt;
 }
@@ -291,8 +295,20 @@ int RunFindings(const Session& session, const std::vector<std::string>& rest) {
   std::vector<v1::FindingsResponse> answers;
   std::string footer;
   if (rest.empty()) {
-    if (auto rc = AskEveryone(session, v1::FindingsRequest(), kFindings, &answers, &footer)) {
+    std::vector<std::string> who;
+    if (auto rc = AskEveryone(session, v1::FindingsRequest(), kFindings, &answers, &footer, &who)) {
       return *rc;
+    }
+    if (answers.size() > 1) {
+      // A collector a job moved away from keeps its last findings until it expires the job:
+      // only replicas that still receive a job speak for it.
+      std::vector<Answer<v1::StatusResponse>> statuses =
+          session.clients->Ask(who, v1::StatusRequest(), kStatus);
+      std::vector<const v1::StatusResponse*> by_answer;
+      for (const Answer<v1::StatusResponse>& s : statuses) {
+        by_answer.push_back(s.status.ok() ? &s.response : nullptr);
+      }
+      answers = ctl::WithoutStaleReplicas(std::move(answers), by_answer);
     }
     return Print(session, ctl::MergeFindings(answers), ctl::FormatFindings, footer);
   }

@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <string>
 #include <tuple>
+#include <vector>
 
 namespace stepwatch::ctl {
 namespace {
@@ -90,13 +92,44 @@ v1::FindingsResponse MergeFindings(const std::vector<v1::FindingsResponse>& answ
   return out;
 }
 
+std::vector<v1::FindingsResponse> WithoutStaleReplicas(
+    std::vector<v1::FindingsResponse> answers,
+    const std::vector<const v1::StatusResponse*>& statuses) {
+  std::map<std::string, int64_t> freshest;  // job -> newest last_seen of any replica
+  for (const v1::StatusResponse* s : statuses) {
+    if (s == nullptr) continue;
+    for (const v1::JobStatus& j : s->jobs()) {
+      int64_t& t = freshest[j.job()];
+      t = std::max(t, j.last_seen_unix_nanos());
+    }
+  }
+  for (size_t i = 0; i < answers.size() && i < statuses.size(); ++i) {
+    if (statuses[i] == nullptr) continue;
+    std::map<std::string, int64_t> seen;
+    for (const v1::JobStatus& j : statuses[i]->jobs()) seen[j.job()] = j.last_seen_unix_nanos();
+    auto* findings = answers[i].mutable_findings();
+    for (int k = findings->size() - 1; k >= 0; --k) {
+      auto it = seen.find(findings->Get(k).job());
+      if (it != seen.end() && it->second < freshest[it->first] - kStaleReplicaNanos) {
+        findings->DeleteSubrange(k, 1);
+      }
+    }
+  }
+  return answers;
+}
+
 v1::ExplainResponse MergeExplain(const std::vector<v1::ExplainResponse>& answers) {
   if (answers.empty()) return {};
   if (answers.size() == 1) return answers[0];
   const v1::ExplainResponse* newest = &answers[0];
-  std::vector<const google::protobuf::RepeatedPtrField<v1::Finding>*> lists;
+  int64_t freshest = 0;
   for (const v1::ExplainResponse& a : answers) {
     if (NewerJobStatus(a.job(), newest->job())) newest = &a;
+    freshest = std::max(freshest, a.job().last_seen_unix_nanos());
+  }
+  std::vector<const google::protobuf::RepeatedPtrField<v1::Finding>*> lists;
+  for (const v1::ExplainResponse& a : answers) {
+    if (a.job().last_seen_unix_nanos() < freshest - kStaleReplicaNanos) continue;
     lists.push_back(&a.findings());
   }
   v1::ExplainResponse out = *newest;

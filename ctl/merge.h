@@ -36,9 +36,22 @@ v1::StatusResponse MergeStatus(const std::vector<v1::StatusResponse>& answers);
 // them. One answer is returned as it is.
 v1::FindingsResponse MergeFindings(const std::vector<v1::FindingsResponse>& answers);
 
+// A replica whose newest data of a job is older than the freshest replica's by more than this no
+// longer receives the job (it moved to other collectors during a failover, or back after one); it
+// keeps its last findings until --expire. The shipped alert rules judge replicas the same way.
+inline constexpr int64_t kStaleReplicaNanos = 15'000'000'000;
+
+// `answers[i]` without the findings of the jobs that `statuses[i]` (the same collector's Status)
+// shows stale: last_seen_unix_nanos more than kStaleReplicaNanos before the freshest replica's in
+// `statuses`. A null status, or a job its status does not list, keeps the findings.
+std::vector<v1::FindingsResponse> WithoutStaleReplicas(
+    std::vector<v1::FindingsResponse> answers,
+    const std::vector<const v1::StatusResponse*>& statuses);
+
 // One job explained by several owners: the answer with the newest job data (NewerJobStatus)
-// gives the figures and the rank table; the findings are those of every answer, deduplicated,
-// and the job's finding_count is their number. One answer is returned as it is.
+// gives the figures and the rank table; the findings are those of every answer whose job data is
+// not stale (kStaleReplicaNanos), deduplicated, and the job's finding_count is their number. One
+// answer is returned as it is.
 v1::ExplainResponse MergeExplain(const std::vector<v1::ExplainResponse>& answers);
 
 // One job's report from several owners: the most recently updated one gives the figures; its

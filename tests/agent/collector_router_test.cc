@@ -1,5 +1,8 @@
 #include "agent/collector_router.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -240,6 +243,57 @@ TEST_F(CollectorRouterTest, PlacesJobsAndNodeSamplesOnRendezvousOwners) {
   }
   EXPECT_TRUE(single->stats().total.connected);
   single->Stop(absl::Seconds(1));
+  router.Stop(absl::Seconds(1));
+}
+
+// A job that stops stepping while its processes still run (hung, or checkpointing) keeps the
+// node's samples on its collectors; once its processes exited they go back to the node's owners.
+TEST_F(CollectorRouterTest, HungJobKeepsTheNodeSamplesWhileItsProcessesRun) {
+  StartCollectors(3);
+  resolver_.Set(addresses_);
+  FakeGpus gpus;
+  FakeHost host;
+  std::atomic<bool> gone{false};
+  CollectorRouterOptions o = Options(2);
+  o.recent_job_window = absl::Seconds(1);
+  o.link.rank_exits.process_gone = [&gone](pid_t) { return gone.load(); };
+  CollectorRouter router(o, &gpus, &host);
+  ASSERT_TRUE(router.Start().ok());
+  ASSERT_TRUE(AdvanceUntil([&] { return AllConnected(router, 3); }));
+  const std::vector<std::string> node_owners =
+      RendezvousOwners(NodePlacementKey(kNode), addresses_, 2);
+  std::string job;
+  for (int i = 0; i < 100 && job.empty(); ++i) {
+    const std::string candidate = "job-" + std::to_string(i);
+    if (RendezvousOwners(candidate, addresses_, 2) != node_owners) job = candidate;
+  }
+  ASSERT_FALSE(job.empty());
+  const std::vector<std::string> job_owners = RendezvousOwners(job, addresses_, 2);
+  std::map<std::string, size_t> expected;
+  for (const std::string& a : addresses_) expected[a] = 0;
+  // One cut: the samples go to `to`, and to no one else.
+  auto cut_goes_to = [&](const std::vector<std::string>& to) {
+    router.FlushNow();
+    for (const std::string& a : to) ++expected[a];
+    for (const std::string& a : addresses_) {
+      if (!WaitFor([&] { return ByAddress(a)->batches_with_gpus() == expected[a]; })) return false;
+    }
+    return true;
+  };
+  v1::StepEvent step = JobStep(job, 0);
+  step.set_pid(static_cast<int32_t>(::getpid()));
+  router.AddStep(std::move(step));
+  EXPECT_TRUE(cut_goes_to(job_owners));
+  // Silent for longer than the recent-job window, its process still running.
+  clock_.AdvanceTime(absl::Seconds(5));
+  EXPECT_TRUE(cut_goes_to(job_owners));
+  // The process exits: its exit still goes to the job's owners with the samples, then the node's
+  // samples return to the node's own owners.
+  gone = true;
+  clock_.AdvanceTime(absl::Seconds(5));
+  EXPECT_TRUE(cut_goes_to(job_owners));
+  clock_.AdvanceTime(absl::Seconds(5));
+  EXPECT_TRUE(cut_goes_to(node_owners));
   router.Stop(absl::Seconds(1));
 }
 

@@ -173,6 +173,45 @@ TEST(MergeExplainTest, NewestFiguresAndEveryFindingOnce) {
   EXPECT_EQ(merged.job().finding_count(), 2);
 }
 
+// A job that moved back after a failover: the collector that held it meanwhile still shows its
+// last findings, 20 s behind the replicas that receive the job.
+TEST(WithoutStaleReplicasTest, FindingsOfAJobThatMovedAwayAreLeftOut) {
+  constexpr int64_t kNow = 1'000'000'000'000;
+  constexpr int64_t kSec = 1'000'000'000;
+  v1::StatusResponse fresh, stale;
+  *fresh.add_jobs() = Job("moved", 100, 8, kNow);
+  *fresh.add_jobs() = Job("other", 50, 8, kNow - 60 * kSec);  // quiet, but nobody is newer
+  *stale.add_jobs() = Job("moved", 60, 8, kNow - 20 * kSec);
+  *stale.add_jobs() = Job("other", 50, 8, kNow - 61 * kSec);
+  v1::FindingsResponse from_fresh, from_stale, unknown_status;
+  *from_fresh.add_findings() = Finding("straggler", "moved", 3, 70);
+  *from_stale.add_findings() = Finding("stall", "moved", -1, 60);
+  *from_stale.add_findings() = Finding("straggler", "other", 1, 40);
+  *unknown_status.add_findings() = Finding("stall", "moved", -1, 60);
+  const std::vector<v1::FindingsResponse> kept =
+      WithoutStaleReplicas({from_fresh, from_stale, unknown_status}, {&fresh, &stale, nullptr});
+  ASSERT_EQ(kept.size(), 3u);
+  EXPECT_EQ(kept[0].findings_size(), 1);
+  // The stale stall goes; a job within 15 s of the freshest replica keeps its findings.
+  ASSERT_EQ(kept[1].findings_size(), 1);
+  EXPECT_EQ(kept[1].findings(0).job(), "other");
+  // Without that collector's status nothing is known to be stale.
+  EXPECT_EQ(kept[2].findings_size(), 1);
+}
+
+TEST(MergeExplainTest, AStaleReplicasFindingsAreLeftOut) {
+  constexpr int64_t kSec = 1'000'000'000;
+  v1::ExplainResponse current, stale;
+  *current.mutable_job() = Job("j", 100, 8, 100 * kSec);
+  *current.add_findings() = Finding("straggler", "j", 3, 70);
+  *stale.mutable_job() = Job("j", 60, 8, 80 * kSec);
+  *stale.add_findings() = Finding("stall", "j", -1, 60);
+  const v1::ExplainResponse merged = MergeExplain({stale, current});
+  ASSERT_EQ(merged.findings_size(), 1);
+  EXPECT_EQ(merged.findings(0).kind(), "straggler");
+  EXPECT_EQ(merged.job().finding_count(), 1);
+}
+
 v1::JobReport Report(const std::string& job, int64_t updated, int64_t first_step, int64_t start) {
   v1::JobReport r;
   r.set_job(job);
