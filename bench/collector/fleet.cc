@@ -5,6 +5,34 @@
 
 namespace stepwatch::collector::bench {
 
+void FillBusyGpuSample(int node, int gpu, int64_t now_unix_nanos, v1::GpuSample* s) {
+  s->set_index(gpu);
+  s->set_uuid(absl::StrFormat("GPU-%08x-0000-0000-0000-%012d", node, gpu));
+  s->set_name("NVIDIA H100 80GB HBM3");
+  s->set_sampled_unix_nanos(now_unix_nanos);
+  s->set_utilization_gpu_ratio(0.93);
+  s->set_utilization_memory_ratio(0.41);
+  s->set_memory_used_bytes(uint64_t{71} << 30);
+  s->set_memory_total_bytes(uint64_t{80} << 30);
+  s->set_sm_clock_mhz(1980);
+  s->set_sm_clock_max_mhz(1980);
+  s->set_power_watts(612.5);
+  s->set_power_limit_watts(700);
+  s->set_temperature_celsius(64);
+  s->set_sm_activity_ratio(0.71);
+  s->set_dram_bandwidth_ratio(0.52);
+  s->set_tensor_activity_ratio(0.44);
+  s->add_pids(10000 + gpu);
+}
+
+void FillBusyHostSample(int64_t now_unix_nanos, v1::HostSample* h) {
+  h->set_sampled_unix_nanos(now_unix_nanos);
+  h->set_cpu_utilization_ratio(0.31);
+  h->set_cpu_count(192);
+  h->set_memory_total_bytes(uint64_t{2} << 40);
+  h->set_memory_available_bytes(uint64_t{1} << 40);
+}
+
 std::string NodeName(const FleetSpec& spec, int node) {
   return absl::StrFormat("%s-%05d", spec.node_prefix, node);
 }
@@ -42,35 +70,15 @@ v1::ReportBatch FleetBatch(const FleetSpec& spec, int node, int64_t step, uint64
   }
   for (int g = 0; g < spec.gpus; ++g) {
     v1::GpuSample* s = b.add_gpus();
-    s->set_index(g);
-    s->set_uuid(absl::StrFormat("GPU-%08x-0000-0000-0000-%012d", node, g));
-    s->set_name("NVIDIA H100 80GB HBM3");
-    s->set_sampled_unix_nanos(now_unix_nanos);
-    s->set_utilization_gpu_ratio(0.93);
-    s->set_utilization_memory_ratio(0.41);
-    s->set_memory_used_bytes(uint64_t{71} << 30);
-    s->set_memory_total_bytes(uint64_t{80} << 30);
-    s->set_sm_clock_mhz(1980);
-    s->set_sm_clock_max_mhz(1980);
-    s->set_power_watts(612.5);
-    s->set_power_limit_watts(700);
-    s->set_temperature_celsius(64);
+    FillBusyGpuSample(node, g, now_unix_nanos, s);
     s->set_throttle_reasons(0);
     s->set_pcie_tx_bytes_per_second(1.5e9);
     s->set_pcie_rx_bytes_per_second(2.5e9);
     s->set_nvlink_tx_bytes_per_second(1.2e11);
     s->set_nvlink_rx_bytes_per_second(1.2e11);
-    s->set_sm_activity_ratio(0.71);
-    s->set_dram_bandwidth_ratio(0.52);
-    s->set_tensor_activity_ratio(0.44);
-    s->add_pids(10000 + g);
   }
   v1::HostSample* h = b.mutable_host();
-  h->set_sampled_unix_nanos(now_unix_nanos);
-  h->set_cpu_utilization_ratio(0.31);
-  h->set_cpu_count(192);
-  h->set_memory_total_bytes(uint64_t{2} << 40);
-  h->set_memory_available_bytes(uint64_t{1} << 40);
+  FillBusyHostSample(now_unix_nanos, h);
   h->set_network_receive_bytes_total(uint64_t{123456789012});
   h->set_network_transmit_bytes_total(uint64_t{98765432109});
   return b;

@@ -26,6 +26,13 @@ struct FleetSpec {
 
 std::string NodeName(const FleetSpec& spec, int node);
 
+// The readings NVML and GPM give for GPU `gpu` of node number `node` on a busy Hopper GPU
+// (utilization, memory, clocks, power, temperature, SM/DRAM/tensor activity, one process); the
+// load generator (bench/loadgen) sends these, FleetBatch adds PCIe, NVLink and throttle reasons.
+void FillBusyGpuSample(int node, int gpu, int64_t now_unix_nanos, v1::GpuSample* s);
+// A host sample: CPU utilization and count, memory total and available.
+void FillBusyHostSample(int64_t now_unix_nanos, v1::HostSample* h);
+
 // The batch number `seq` (1, 2, ...) of `node`: one step (`step`) of each of its ranks, a sample
 // of each GPU with the fields NVML and GPM give on a Hopper GPU, and a host sample.
 v1::ReportBatch FleetBatch(const FleetSpec& spec, int node, int64_t step, uint64_t seq,
