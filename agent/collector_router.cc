@@ -499,6 +499,18 @@ void CollectorRouter::Cut(bool with_samples) {
     if (with_samples) needed_.insert(node_owners.begin(), node_owners.end());
     cut_once_ = true;
   }
+  // A reachable collector a job left (it went back to a collector that returned, or the list
+  // changed) stops expecting this node's ranks of it. An unreachable one is not told: if it
+  // returns, the job comes back to it and goes on with its history.
+  for (const Move& m : moves) {
+    for (const std::string& a : m.from) {
+      if (std::find(m.to.begin(), m.to.end(), a) != m.to.end() || links.count(a) == 0 ||
+          std::find(candidates.begin(), candidates.end(), a) == candidates.end()) {
+        continue;
+      }
+      part(a).released_jobs.push_back(m.job);
+    }
+  }
   for (auto& [address, contents] : parts) {
     links.at(address)->shipper->Enqueue(std::move(contents));
   }

@@ -262,6 +262,7 @@ void Shipper::EnqueueLocked(CutContents cut) {
   } while (next_step < steps.size());
   // The exits ride in the last batch, after every step of this cut.
   for (auto& x : cut.rank_exits) *batches.back()->add_rank_exits() = std::move(x);
+  for (auto& job : cut.released_jobs) batches.back()->add_released_jobs(std::move(job));
 
   {
     absl::MutexLock lock(&mu_);

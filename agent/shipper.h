@@ -126,6 +126,8 @@ struct CutContents {
   std::optional<v1::HostSample> host;
   // Ride in the last batch of the cut, after every step.
   std::vector<v1::RankExit> rank_exits;
+  // Jobs that moved away from this collector (ReportBatch.released_jobs); in the last batch too.
+  std::vector<std::string> released_jobs;
 };
 
 // Whether the stream is open, and since when it is (or is not).

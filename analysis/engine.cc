@@ -55,6 +55,8 @@ class Engine::Impl {
   std::vector<Finding> Findings() const;
   std::optional<FinishedJob> MarkRankExited(absl::string_view name, int rank, int pid,
                                             int64_t nanos);
+  std::optional<FinishedJob> ReleaseRanksOn(absl::string_view job, absl::string_view node,
+                                            int64_t unix_nanos);
   void RemoveJob(absl::string_view name);
   bool RankReportedFrom(absl::string_view name, int rank, absl::string_view node) const {
     const JobRecord* job = registry_.FindJob(name);
@@ -366,6 +368,23 @@ void Engine::Impl::RemoveJob(absl::string_view name) {
   jobs.erase(it);
 }
 
+std::optional<FinishedJob> Engine::Impl::ReleaseRanksOn(absl::string_view job,
+                                                        absl::string_view node,
+                                                        int64_t unix_nanos) {
+  std::vector<int> ranks;
+  if (const auto* on_node = registry_.RanksOn(std::string(node))) {
+    for (const auto& [job_name, rank] : *on_node) {
+      if (job_name == job) ranks.push_back(rank);
+    }
+  }
+  // Copied first: the last exit removes the job, and with it these entries.
+  for (int rank : ranks) {
+    std::optional<FinishedJob> done = MarkRankExited(job, rank, /*pid=*/0, unix_nanos);
+    if (done.has_value()) return done;
+  }
+  return std::nullopt;
+}
+
 void Engine::Impl::RemoveNode(absl::string_view node) {
   std::string n(node);
   if (const auto* ranks = registry_.RanksOn(n)) {
@@ -421,6 +440,10 @@ void Engine::RemoveJob(absl::string_view job) { impl_->RemoveJob(job); }
 std::optional<FinishedJob> Engine::MarkRankExited(absl::string_view job, int rank, int pid,
                                                   int64_t unix_nanos) {
   return impl_->MarkRankExited(job, rank, pid, unix_nanos);
+}
+std::optional<FinishedJob> Engine::ReleaseRanksOn(absl::string_view job, absl::string_view node,
+                                                  int64_t unix_nanos) {
+  return impl_->ReleaseRanksOn(job, node, unix_nanos);
 }
 void Engine::RemoveNode(absl::string_view node) { impl_->RemoveNode(node); }
 bool Engine::RankReportedFrom(absl::string_view job, int rank, absl::string_view node) const {

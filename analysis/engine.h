@@ -395,6 +395,12 @@ class Engine {
   // findings remain) and returned; a later step starts it afresh.
   std::optional<FinishedJob> MarkRankExited(absl::string_view job, int rank, int pid,
                                             int64_t unix_nanos);
+  // The ranks of `job` whose last step came from `node` went to another collector (the job moved
+  // there): each is marked exited as by MarkRankExited with an unknown pid, so the job is not
+  // expected to progress here through them. Returns the job when that was the last of its ranks
+  // (it is then removed).
+  std::optional<FinishedJob> ReleaseRanksOn(absl::string_view job, absl::string_view node,
+                                            int64_t unix_nanos);
   void RemoveNode(absl::string_view node);
   // Whether `rank` of `job` is known and its last step came from `node`.
   bool RankReportedFrom(absl::string_view job, int rank, absl::string_view node) const;

@@ -391,6 +391,9 @@ void AddCollectorHealth(const StateSnapshot& s, const SeriesDrops& dropped, Buil
              c.rank_exits_received);
   b->Counter("stepwatch_collector_jobs_finished_total",
              "Jobs forgotten because every reporting rank's process exited.", {}, c.jobs_finished);
+  b->Counter("stepwatch_collector_jobs_moved_away_total",
+             "Jobs forgotten because their agents moved every rank to other collectors.", {},
+             c.jobs_moved_away);
   b->Gauge("stepwatch_collector_agents_connected", "Agents with an open ingest stream.", {},
            s.agents_connected);
   b->Gauge("stepwatch_collector_jobs", "Jobs tracked.", {}, s.jobs.size());

@@ -159,6 +159,11 @@ void ReportStore::Finish(const analysis::JobSnapshot& job,
   KeepFinished(std::move(report));
 }
 
+void ReportStore::Forget(absl::string_view job) {
+  absl::MutexLock lock(&mu_);
+  running_.erase(std::string(job));
+}
+
 void ReportStore::Update(Tracked* t, const analysis::JobSnapshot& job,
                          const std::vector<analysis::Finding>& active, const JobSpan& span,
                          int64_t now) {

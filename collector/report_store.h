@@ -62,6 +62,9 @@ class ReportStore {
   // closed at its last step, and the report is kept (and queued for writing).
   void Finish(const analysis::JobSnapshot& job, const std::vector<analysis::Finding>& active,
               const JobSpan& span, absl::string_view reason, int64_t now_unix_nanos);
+  // The job moved to other collectors: its running report is dropped, not kept (they hold the
+  // job's whole life; this collector saw a part of it).
+  void Forget(absl::string_view job);
   // Drops finished reports past the retention.
   void Prune(int64_t now_unix_nanos);
 

@@ -449,6 +449,19 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
     EraseJob(done->job);
     ++counters_.jobs_finished;
   }
+  // Jobs this node's agent moved to other collectors: its ranks of them are no longer expected
+  // here. Once every rank has gone the job is forgotten, without a report (the collectors it
+  // moved to hold it whole), instead of lingering with stale findings and a false stall until
+  // --expire.
+  for (const std::string& job : batch.released_jobs()) {
+    std::optional<analysis::FinishedJob> done = engine_.ReleaseRanksOn(job, node_name, now);
+    if (!done.has_value()) continue;
+    SW_LOG_INFO << "job " << job << " moved to other collectors (every rank released by its "
+                << "agents, last step " << done->last_step << "): forgetting it";
+    reports_.Forget(job);
+    EraseJob(job);
+    ++counters_.jobs_moved_away;
+  }
   // Applied: journaled (with --state-dir) before the acknowledgement, so that a collector killed
   // from here on does not count this batch again when the agent resends it.
   BatchDeduper::Sync sync;

@@ -103,6 +103,8 @@ struct CollectorCounters {
   uint64_t clock_skew_corrected = 0;
   // Jobs ended because every reporting rank's process exited (ReportBatch.rank_exits).
   uint64_t jobs_finished = 0;
+  // Jobs forgotten because every rank moved to other collectors (ReportBatch.released_jobs).
+  uint64_t jobs_moved_away = 0;
   // Ranks left out of the per-rank series by max_rank_series, summed over scrapes.
   uint64_t rank_series_dropped = 0;
   // Findings left out of stepwatch_finding by MetricsOptions::max_finding_series, summed over

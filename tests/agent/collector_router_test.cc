@@ -349,6 +349,10 @@ TEST_F(CollectorRouterTest, FailsOverAfterTheDelayAndMovesBack) {
   })) << Counted(&back).size();
   EXPECT_EQ(Counted(second), Counts({{job, 2}}));
   EXPECT_EQ(router.stats().job_moves_total, 2u);
+  // The collector that held the job meanwhile is told it left (and forgets it, instead of
+  // keeping stale findings); the one that was away was not told, so it goes on with its history.
+  ASSERT_TRUE(WaitFor([&] { return second->released_jobs() == std::vector<std::string>{job}; }));
+  EXPECT_TRUE(back.released_jobs().empty());
   router.Stop(absl::Seconds(1));
 }
 

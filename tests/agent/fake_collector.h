@@ -89,6 +89,16 @@ class FakeCollector final : public v1::Ingest::Service {
     return grpc::Status::OK;
   }
 
+  // Every job named in a batch's released_jobs, in arrival order.
+  std::vector<std::string> released_jobs() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> out;
+    for (const v1::ReportBatch& b : all_) {
+      for (const std::string& j : b.released_jobs()) out.push_back(j);
+    }
+    return out;
+  }
+
   std::vector<v1::ReportBatch> batches() {
     std::lock_guard<std::mutex> lock(mu_);
     return all_;

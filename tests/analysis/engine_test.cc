@@ -741,6 +741,25 @@ TEST(EngineTest, JobWhoseRanksAllExitedFinishesInsteadOfStalling) {
   EXPECT_FALSE(e.MarkRankExited("other", 0, 1, t).has_value());
 }
 
+// A job that moved to other collectors: each node's agent releases its ranks; the job is kept
+// while a node has not released it, forgotten at the last release, and never stalls here.
+TEST(EngineTest, ReleasedRanksLeaveNoStallAndTheLastReleaseForgetsTheJob) {
+  Engine e;
+  JobDriver d(&e, "j", 2, 4, 0.1);
+  d.Run(50);
+  EXPECT_FALSE(e.ReleaseRanksOn("j", "node-9", d.now()).has_value());  // no ranks there
+  EXPECT_FALSE(e.ReleaseRanksOn("other", "node-0", d.now()).has_value());
+  EXPECT_FALSE(e.ReleaseRanksOn("j", "node-0", d.now()).has_value());
+  ASSERT_TRUE(e.Job("j").has_value());
+  std::optional<FinishedJob> done = e.ReleaseRanksOn("j", "node-1", d.now());
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->job, "j");
+  EXPECT_EQ(done->ranks, 8);
+  EXPECT_FALSE(e.Job("j").has_value());
+  e.Advance(d.now() + 120 * kSec);
+  EXPECT_TRUE(Of(e, FindingKind::kStall).empty());
+}
+
 TEST(EngineTest, StallNamesRanksWhoseProcessesExited) {
   Engine e;
   JobDriver d(&e, "j", 1, 4, 0.1);

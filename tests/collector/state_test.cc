@@ -193,6 +193,48 @@ uint64_t Refused(const CollectorCounters& c, const std::string& reason) {
   return it == c.refused.end() ? 0 : it->second;
 }
 
+// The job moved to other collectors (a failover ended): once the agents of all its nodes released
+// it, it is forgotten here, with no report kept and no stall raised; a node that never reported
+// the job cannot release it.
+TEST(CollectorStateTest, JobReleasedByTheAgentsOfAllItsNodesIsForgottenWithoutAStall) {
+  FakeClock clock;
+  CollectorStateOptions o;
+  o.engine.stall_floor_nanos = 5 * kSecond;
+  o.engine.stall_multiple = 2;
+  CollectorState state(o, &clock);
+  uint64_t seq = 0;
+  for (int step = 0; step < 20; ++step) {
+    ASSERT_TRUE(state.Apply(StepBatch("n0", ++seq, "moved", 2, step, 0.1)).ok());
+    ASSERT_TRUE(state.Apply(StepBatch("n0", ++seq, "stays", 2, step, 0.1)).ok());
+    clock.Advance(kSecond / 5);
+  }
+  state.Tick();
+  ASSERT_EQ(state.Status().jobs_size(), 2);
+  v1::ReportBatch foreign = EmptyBatch("n1", 1);
+  foreign.add_released_jobs("moved");
+  ASSERT_TRUE(state.Apply(foreign).ok());
+  state.Tick();
+  ASSERT_EQ(state.Status().jobs_size(), 2);
+  v1::ReportBatch released = EmptyBatch("n0", ++seq);
+  released.add_released_jobs("moved");
+  released.add_released_jobs("never-seen");
+  ASSERT_TRUE(state.Apply(released).ok());
+  state.Tick();
+  const v1::StatusResponse status = state.Status();
+  ASSERT_EQ(status.jobs_size(), 1);
+  EXPECT_EQ(status.jobs(0).job(), "stays");
+  EXPECT_EQ(state.Snapshot().counters.jobs_moved_away, 1u);
+  EXPECT_EQ(state.Snapshot().counters.jobs_finished, 0u);
+  EXPECT_FALSE(state.reports().Get("moved").ok());
+  // Long past the stall floor: the job that stays stalls, the one that moved does not.
+  clock.Advance(10 * kSecond);
+  state.Tick();
+  const v1::FindingsResponse findings = state.Findings("");
+  ASSERT_EQ(findings.findings_size(), 1);
+  EXPECT_EQ(findings.findings(0).job(), "stays");
+  EXPECT_EQ(findings.findings(0).kind(), "stall");
+}
+
 TEST(CollectorStateTest, ANodeCannotEndRanksItNeverReported) {
   FakeClock clock;
   CollectorState state({}, &clock);

@@ -7,7 +7,9 @@ each spread over two agents, half of them with one slow rank. Checked from outsi
 - every step is counted exactly once by each collector that holds its job (no double counting);
 - the union of the straggler flags over the collectors is exactly the injected slow ranks;
 - after SIGKILL of one collector every job is still watched by two live collectors and every slow
-  rank is flagged again by both; the time that takes is printed (docs/scale.md quotes it).
+  rank is flagged again by both; the time that takes is printed;
+- when it comes back its jobs return to it and the collector that held them meanwhile forgets
+  them (the agents release them), so every job is again on exactly its two owners.
 """
 
 import json
@@ -212,8 +214,26 @@ class MultiCollectorTest(unittest.TestCase):
             print(json.dumps({"failover_all_jobs_watched_s": round(watched, 2),
                               "failover_all_stragglers_flagged_by_both_survivors_s":
                                   round(flagged, 2)}))
+
+            # The killed collector comes back on its address (a restarted pod): its jobs return
+            # to it, and the survivor that held them meanwhile forgets them (the agents release
+            # them) instead of keeping them, and a false stall, until --expire.
+            victim.start()
+            returned = time.monotonic()
+            wait_until(placed, timeout=60, message="every job back on exactly its owners")
+            back = time.monotonic() - returned
+            wait_until(lambda: flagged_by_owners(collectors), timeout=60,
+                       message="every slow rank flagged by both owners again")
+            print(json.dumps({"return_all_jobs_back_on_their_owners_s": round(back, 2)}))
         finally:
             load.stop()
+        moved_away = sum(metric_value(c.scrape(), "stepwatch_collector_jobs_moved_away_total") or 0
+                         for c in collectors)
+        self.assertGreater(moved_away, 0)
+        for c in collectors:
+            held = jobs_on_collector(c)
+            expected = {job for job, owners in jobs.items() if c.grpc_addr in owners}
+            self.assertEqual(held, expected, c.grpc_addr)
 
 
 if __name__ == "__main__":
