@@ -352,39 +352,19 @@ void CollectorRouter::Cut(bool with_samples) {
   absl::MutexLock cut_lock(&cut_mu_);
   const absl::Time now_time = clock_->TimeNow();
   const int64_t now = absl::ToUnixNanos(now_time);
-  v1::NodeInfo node = options_.link.node_info;
-  std::vector<v1::GpuSample> gpus;
-  std::optional<v1::HostSample> host;
-  uint64_t gpu_errors = 0, host_errors = 0;
-  if (gpus_ != nullptr) gpus_->DescribeNode(&node);
-  if (with_samples && gpus_ != nullptr) {
-    absl::StatusOr<std::vector<v1::GpuSample>> s = gpus_->Sample(now);
-    if (s.ok()) {
-      gpus = *std::move(s);
-    } else {
-      ++gpu_errors;
-    }
-  }
-  if (with_samples && host_ != nullptr) {
-    absl::StatusOr<v1::HostSample> s = host_->Sample(now);
-    if (s.ok()) {
-      host = *std::move(s);
-    } else {
-      ++host_errors;
-    }
-  }
+  NodeReading reading = ReadNode(options_.link.node_info, gpus_, host_, now, with_samples);
   if (with_samples) {
     absl::MutexLock lock(&sample_mu_);
-    latest_.node = node;
-    latest_.gpus = gpus;
-    latest_.host = host;
+    latest_.node = reading.node;
+    latest_.gpus = reading.gpus;
+    latest_.host = reading.host;
   }
 
   Links links;
   {
     absl::MutexLock lock(&mu_);
-    router_stats_.gpu_sample_errors_total += gpu_errors;
-    router_stats_.host_sample_errors_total += host_errors;
+    router_stats_.gpu_sample_errors_total += reading.gpu_errors;
+    router_stats_.host_sample_errors_total += reading.host_errors;
     links = links_;
     if (links.empty()) {
       // Nowhere to go yet: the steps wait (bounded by max_pending_events), exits stay tracked.
@@ -468,7 +448,7 @@ void CollectorRouter::Cut(bool with_samples) {
     auto [it, inserted] = parts.try_emplace(address);
     if (inserted) {
       it->second.created_unix_nanos = now;
-      it->second.node = node;
+      it->second.node = reading.node;
     }
     return it->second;
   };
@@ -488,8 +468,8 @@ void CollectorRouter::Cut(bool with_samples) {
   if (with_samples) {
     for (const std::string& a : node_owners) {
       CutContents& p = part(a);
-      p.gpus = gpus;
-      p.host = host;
+      p.gpus = reading.gpus;
+      p.host = reading.host;
     }
   }
   {

@@ -36,6 +36,30 @@ std::string MakeBootId() {
   return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
 }
 
+NodeReading ReadNode(const v1::NodeInfo& info, gpu::GpuSource* gpus, host::HostSampler* host,
+                     int64_t now_unix_nanos, bool with_samples) {
+  NodeReading r;
+  r.node = info;
+  if (gpus != nullptr) gpus->DescribeNode(&r.node);
+  if (with_samples && gpus != nullptr) {
+    absl::StatusOr<std::vector<v1::GpuSample>> s = gpus->Sample(now_unix_nanos);
+    if (s.ok()) {
+      r.gpus = *std::move(s);
+    } else {
+      ++r.gpu_errors;
+    }
+  }
+  if (with_samples && host != nullptr) {
+    absl::StatusOr<v1::HostSample> s = host->Sample(now_unix_nanos);
+    if (s.ok()) {
+      r.host = *std::move(s);
+    } else {
+      ++r.host_errors;
+    }
+  }
+  return r;
+}
+
 Shipper::Shipper(const ShipperOptions& options, gpu::GpuSource* gpus, host::HostSampler* host)
     : options_(options),
       boot_id_(options.spool != nullptr  ? options.spool->boot_id()
@@ -186,32 +210,12 @@ void Shipper::TickerLoop() {
 void Shipper::CutBatches(bool with_samples) {
   absl::MutexLock cut_lock(&cut_mu_);
   const int64_t now = clock_->NowUnixNanos();
-  v1::NodeInfo node = options_.node_info;
-  std::vector<v1::GpuSample> gpus;
-  std::optional<v1::HostSample> host;
-  uint64_t gpu_errors = 0, host_errors = 0;
-  if (gpus_ != nullptr) gpus_->DescribeNode(&node);
-  if (with_samples && gpus_ != nullptr) {
-    absl::StatusOr<std::vector<v1::GpuSample>> s = gpus_->Sample(now);
-    if (s.ok()) {
-      gpus = *std::move(s);
-    } else {
-      ++gpu_errors;
-    }
-  }
-  if (with_samples && host_ != nullptr) {
-    absl::StatusOr<v1::HostSample> s = host_->Sample(now);
-    if (s.ok()) {
-      host = *std::move(s);
-    } else {
-      ++host_errors;
-    }
-  }
+  NodeReading reading = ReadNode(options_.node_info, gpus_, host_, now, with_samples);
   if (with_samples) {
     absl::MutexLock lock(&sample_mu_);
-    latest_.node = node;
-    latest_.gpus = gpus;
-    latest_.host = host;
+    latest_.node = reading.node;
+    latest_.gpus = reading.gpus;
+    latest_.host = reading.host;
   }
 
   // Check the senders before taking the pending steps: every step a process sent before it exited
@@ -221,16 +225,16 @@ void Shipper::CutBatches(bool with_samples) {
 
   CutContents cut;
   cut.created_unix_nanos = now;
-  cut.node = std::move(node);
-  cut.gpus = std::move(gpus);
-  cut.host = std::move(host);
+  cut.node = std::move(reading.node);
+  cut.gpus = std::move(reading.gpus);
+  cut.host = std::move(reading.host);
   cut.rank_exits = std::move(exits);
   {
     absl::MutexLock lock(&mu_);
     cut.steps.swap(pending_);
     stats_.rank_exits_total += cut.rank_exits.size();
-    stats_.gpu_sample_errors_total += gpu_errors;
-    stats_.host_sample_errors_total += host_errors;
+    stats_.gpu_sample_errors_total += reading.gpu_errors;
+    stats_.host_sample_errors_total += reading.host_errors;
   }
   EnqueueLocked(std::move(cut));
 }

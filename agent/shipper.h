@@ -144,6 +144,19 @@ struct NodeSnapshot {
   std::optional<v1::HostSample> host;
 };
 
+// One reading of the node for a cut: its NodeInfo with the GPUs described and, with
+// `with_samples`, a GPU and a host sample; a source that fails leaves its part out and is counted.
+struct NodeReading {
+  v1::NodeInfo node;
+  std::vector<v1::GpuSample> gpus;
+  std::optional<v1::HostSample> host;
+  uint64_t gpu_errors = 0;
+  uint64_t host_errors = 0;
+};
+// `gpus` and `host` may be nullptr (nothing of that kind is read).
+NodeReading ReadNode(const v1::NodeInfo& info, gpu::GpuSource* gpus, host::HostSampler* host,
+                     int64_t now_unix_nanos, bool with_samples);
+
 // "<node>-<16 hex digits of a hash of the socket path>": stable across restarts, distinct for
 // several agents on one machine.
 std::string MakeAgentId(const std::string& node, const std::string& socket_path);

@@ -3,6 +3,7 @@
 #include "analysis/engine.h"
 
 #include <algorithm>
+#include <limits>
 #include <tuple>
 #include <utility>
 
@@ -373,8 +374,12 @@ std::optional<FinishedJob> Engine::Impl::ReleaseRanksOn(absl::string_view job,
                                                         int64_t unix_nanos) {
   std::vector<int> ranks;
   if (const auto* on_node = registry_.RanksOn(std::string(node))) {
-    for (const auto& [job_name, rank] : *on_node) {
-      if (job_name == job) ranks.push_back(rank);
+    // Ordered by (job, rank): only this job's entries are visited, however many names a batch
+    // releases and however many ranks the node holds.
+    const std::string name(job);
+    for (auto it = on_node->lower_bound({name, std::numeric_limits<int>::min()});
+         it != on_node->end() && it->first == name; ++it) {
+      ranks.push_back(it->second);
     }
   }
   // Copied first: the last exit removes the job, and with it these entries.

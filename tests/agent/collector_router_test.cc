@@ -123,21 +123,9 @@ class CollectorRouterTest : public ::testing::Test {
     return o;
   }
 
-  // Until `pred` holds (at most 10 s of real time): moves the time to every wake-up less than
-  // `horizon` away (the links' reconnect backoff), otherwise lets gRPC work.
   bool AdvanceUntil(const std::function<bool()>& pred,
                     absl::Duration horizon = absl::Milliseconds(100)) {
-    const absl::Time give_up = absl::Now() + absl::Seconds(10);
-    while (absl::Now() < give_up) {
-      if (pred()) return true;
-      const absl::Time next = clock_.next_deadline();
-      if (next <= clock_.TimeNow() + horizon) {
-        clock_.SetTime(std::max(next, clock_.TimeNow()));
-      } else {
-        absl::SleepFor(absl::Milliseconds(1));
-      }
-    }
-    return pred();
+    return testing::AdvanceUntil(clock_, pred, horizon);
   }
 
   static bool AllConnected(const CollectorRouter& router, size_t n) {

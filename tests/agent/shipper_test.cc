@@ -80,21 +80,9 @@ class ShipperTest : public ::testing::Test {
     return d;
   }
 
-  // Until `pred` holds (for at most 10 s of real time): whenever the shipper sleeps for less than
-  // `horizon` (its reconnect backoff), moves the time to its wake-up; otherwise lets gRPC work.
   bool AdvanceUntil(const std::function<bool()>& pred,
                     absl::Duration horizon = absl::Milliseconds(100)) {
-    const absl::Time give_up = absl::Now() + absl::Seconds(10);
-    while (absl::Now() < give_up) {
-      if (pred()) return true;
-      const absl::Time next = clock_.next_deadline();
-      if (next <= clock_.TimeNow() + horizon) {
-        clock_.SetTime(std::max(next, clock_.TimeNow()));
-      } else {
-        absl::SleepFor(absl::Milliseconds(1));
-      }
-    }
-    return pred();
+    return testing::AdvanceUntil(clock_, pred, horizon);
   }
 
   SimulatedClock clock_;

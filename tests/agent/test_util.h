@@ -5,12 +5,17 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
 
 namespace stepwatch::agent::testing {
 
@@ -23,6 +28,24 @@ inline bool WaitFor(const std::function<bool()>& condition,
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return condition();
+}
+
+// Until `pred` holds (for at most 10 s of real time): whenever the code under test waits on
+// `clock` for less than `horizon` (a reconnect backoff), moves the time to that wake-up; otherwise
+// lets gRPC work in real time.
+inline bool AdvanceUntil(SimulatedClock& clock, const std::function<bool()>& pred,
+                         absl::Duration horizon = absl::Milliseconds(100)) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < give_up) {
+    if (pred()) return true;
+    const absl::Time next = clock.next_deadline();
+    if (next <= clock.TimeNow() + horizon) {
+      clock.SetTime(std::max(next, clock.TimeNow()));
+    } else {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+  return pred();
 }
 
 // A fresh private directory under $TMPDIR, removed (non-recursively for files we know) by the OS
