@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -48,6 +49,7 @@ struct Slot {
   std::string text;
   int64_t integer = 0;
   double number = 0;
+  std::vector<step_event::Section> sections;  // kSections, in document order
 };
 
 Rejection Reject(RejectReason reason, std::string detail) { return {reason, std::move(detail)}; }
@@ -57,6 +59,25 @@ Rejection Reject(RejectReason reason, std::string detail) { return {reason, std:
 std::optional<Rejection> TakeValue(const step_event::FieldRule& rule, const json::Value& v,
                                    Slot* slot) {
   const char* name = rule.name;
+  if (rule.type == FieldType::kSections) {
+    // An object of name -> number; names and values are checked with the other rules.
+    if (!v.is_object()) {
+      return Reject(RejectReason::kWrongType, absl::StrCat(name, " must be an object, got ",
+                                                           json::Value::TypeName(v.type())));
+    }
+    const json::Value::Object& members = v.as_object();
+    slot->sections.reserve(members.size());
+    for (const auto& [key, value] : members) {
+      if (!value.is_number()) {
+        // The name is not quoted: it is not checked yet and the detail reaches the log.
+        return Reject(RejectReason::kWrongType, absl::StrCat(name, " values must be numbers, got ",
+                                                             json::Value::TypeName(value.type())));
+      }
+      slot->sections.emplace_back(key, value.as_double());
+    }
+    slot->present = true;
+    return std::nullopt;
+  }
   if (rule.type == FieldType::kString) {
     if (!v.is_string()) {
       return Reject(RejectReason::kWrongType,
@@ -140,7 +161,11 @@ class FlatScanner {
       if (id >= 0) {
         if (seen_[id] || count_ >= kFieldCount) return false;
         seen_[id] = true;
-        if (!ScanValue(&values_[count_])) return false;
+        if (!(kFieldRules[id].type == FieldType::kSections && p_ != end_ && *p_ == '{'
+                  ? ScanSections(&values_[count_])
+                  : ScanValue(&values_[count_]))) {
+          return false;
+        }
         members_[count_] = {id, &values_[count_]};
         ++count_;
       } else {
@@ -224,6 +249,37 @@ class FlatScanner {
     }
     if (c == '-' || (c >= '0' && c <= '9')) return ScanNumber(out);
     return false;  // objects, arrays, garbage: the general parser decides
+  }
+
+  // A "sections" object: plain-string names and numbers only, each name once (anything else is
+  // left to the general parser, which refuses repeated names as invalid JSON).
+  bool ScanSections(json::Value* out) {
+    ++p_;  // '{'
+    json::Value::Object members;
+    SkipWhitespace();
+    if (!Consume('}')) {
+      while (true) {
+        SkipWhitespace();
+        absl::string_view key;
+        if (!Consume('"') || !ScanPlainString(&key)) return false;
+        for (const auto& member : members) {
+          if (member.first == key) return false;
+        }
+        SkipWhitespace();
+        if (!Consume(':')) return false;
+        SkipWhitespace();
+        if (p_ == end_ || !(*p_ == '-' || (*p_ >= '0' && *p_ <= '9'))) return false;
+        json::Value number;
+        if (!ScanNumber(&number)) return false;
+        members.emplace_back(std::string(key), std::move(number));
+        SkipWhitespace();
+        if (Consume(',')) continue;
+        if (Consume('}')) break;
+        return false;
+      }
+    }
+    *out = json::Value::MakeObject(std::move(members));
+    return true;
   }
 
   // The RFC 8259 number grammar, converted exactly like the general parser does.
@@ -338,6 +394,7 @@ std::optional<Rejection> Parse(absl::string_view datagram, bool fast_path, v1::S
   fields.dp_rank = integer(step_event::kDpRank);
   fields.pp_stage = integer(step_event::kPpStage);
   fields.tp_rank = integer(step_event::kTpRank);
+  fields.sections = slots[step_event::kSections].sections;
   fields.dropped = integer(step_event::kDropped);
   if (absl::Status valid = step_event::Validate(fields); !valid.ok()) {
     return Reject(RejectReason::kOutOfRange, std::string(valid.message()));
@@ -358,6 +415,10 @@ std::optional<Rejection> Parse(absl::string_view datagram, bool fast_path, v1::S
   if (fields.dp_rank) event->set_dp_rank(static_cast<int32_t>(*fields.dp_rank));
   if (fields.pp_stage) event->set_pp_stage(static_cast<int32_t>(*fields.pp_stage));
   if (fields.tp_rank) event->set_tp_rank(static_cast<int32_t>(*fields.tp_rank));
+  if (!fields.sections.empty()) {
+    auto& sections = *event->mutable_sections();
+    for (const step_event::Section& s : fields.sections) sections[s.first] = s.second;
+  }
   if (report != nullptr && fields.dropped) report->dropped = static_cast<uint64_t>(*fields.dropped);
   return std::nullopt;
 }

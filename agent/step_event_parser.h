@@ -54,7 +54,8 @@ std::optional<Rejection> ParseStepEvent(absl::string_view datagram, v1::StepEven
                                         ClientReport* report = nullptr);
 
 // The same verdicts through the general JSON parser only (ParseStepEvent takes a faster path for
-// flat, plain-ASCII objects). For tests that compare the two, and for benchmarks.
+// flat, plain-ASCII objects, with a flat "sections" object among them). For tests that compare
+// the two, and for benchmarks.
 std::optional<Rejection> ParseStepEventWithoutFastPath(absl::string_view datagram,
                                                        v1::StepEvent* event,
                                                        ClientReport* report = nullptr);

@@ -3,6 +3,7 @@
 #include "analysis/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <tuple>
 #include <utility>
@@ -104,6 +105,8 @@ class Engine::Impl {
   void ProcessStep(JobRecord& job, int64_t step, Pending& p);
   void JobFindings(const JobRecord& job, std::vector<Finding>* out) const;
   JobSnapshot Snapshot(const JobRecord& job) const;
+  // Gives the sample's named sections the job's section indices (new names while under the limit).
+  static void IndexSections(JobRecord& job, const StepEvent& s, Entry* e);
 
   EngineOptions opt_;
   Registry registry_;
@@ -176,9 +179,27 @@ absl::Status Engine::Impl::AddValidatedStep(const StepEvent& s) {
   if (p.entries.empty()) p.first_nanos = s.received_unix_nanos;
   p.last_nanos = s.received_unix_nanos;
   p.entries.push_back(MakeEntry(s));
+  if (!s.sections.empty()) IndexSections(job, s, &p.entries.back());
   if (static_cast<int>(p.entries.size()) >= job.world_size) CompleteThrough(job, s.step);
   ExpirePending(job, now_);
   return absl::OkStatus();
+}
+
+void Engine::Impl::IndexSections(JobRecord& job, const StepEvent& s, Entry* e) {
+  std::vector<std::string>& names = job.section_names;
+  for (const auto& [name, seconds] : s.sections) {
+    if (!(seconds >= 0) || !std::isfinite(seconds)) continue;  // ValidateStepEvent refuses these
+    size_t index = std::find(names.begin(), names.end(), name) - names.begin();
+    if (index == names.size()) {
+      if (static_cast<int>(names.size()) >= kMaxSectionsPerJob) {
+        ++job.sections_folded;
+        continue;
+      }
+      names.push_back(name);
+    }
+    e->sections.push_back({static_cast<uint8_t>(index), static_cast<float>(seconds)});
+  }
+  std::sort(e->sections.begin(), e->sections.end());
 }
 
 void Engine::Impl::AddGpu(const GpuSample& reading) {
@@ -256,7 +277,7 @@ void Engine::Impl::ProcessStep(JobRecord& job, int64_t step, Pending& p) {
     e.stale = g->last.sampled_unix_nanos == r.last_gpu_nanos;
     r.last_gpu_nanos = g->last.sampled_unix_nanos;
   }
-  const StepSummary sum = Summarize(step, p.last_nanos, es, job.world_size, &scratch_);
+  const StepSummary sum = Summarize(step, p.last_nanos, es, job.world_size, &scratch_, &job.ranks);
   job.summaries.Push(sum);
   // Peers (same pipeline stage and tensor rank) next to each other.
   std::sort(es.begin(), es.end(), [](const Entry& a, const Entry& b) {
@@ -267,6 +288,12 @@ void Engine::Impl::ProcessStep(JobRecord& job, int64_t step, Pending& p) {
     e.forgotten = !r.present;
     r.history.Push(StepVals{static_cast<float>(e.busy), static_cast<float>(e.compute),
                             static_cast<float>(e.data), static_cast<float>(e.wait)});
+    if (e.sections.empty()) continue;
+    if (!r.sections) r.sections = std::make_unique<Ring<SectionVals>>(kSectionHistorySteps);
+    SectionVals vals;
+    vals.fill(std::numeric_limits<float>::quiet_NaN());
+    for (const auto& [index, seconds] : e.sections) vals[index] = seconds;
+    r.sections->Push(vals);
   }
   const StepView view{step, p.last_nanos, sum.step_seconds, es};
   clock_.Timed(on_step_,
@@ -295,6 +322,17 @@ std::vector<RankSnapshot> Engine::Impl::Ranks(absl::string_view name, int first,
     rs.compute_seconds = median_of(&StepVals::compute);
     rs.data_seconds = median_of(&StepVals::data);
     rs.comm_seconds = median_of(&StepVals::comm);
+    if (r.sections) {
+      for (size_t x = 0; x < job->section_names.size(); ++x) {
+        scratch.clear();
+        for (size_t k = 0; k < r.sections->size(); ++k) {
+          const float v = (*r.sections)[k][x];
+          if (!std::isnan(v)) scratch.push_back(v);
+        }
+        if (!scratch.empty())
+          rs.sections.push_back({job->section_names[x], MedianInPlace(scratch)});
+      }
+    }
     for (size_t d = 0; d < detectors_.size(); ++d) {
       detectors_[d]->AnnotateRank(View(*job), job->states[d].get(), i, &rs);
     }
@@ -411,6 +449,8 @@ JobSnapshot Engine::Impl::Snapshot(const JobRecord& job) const {
   s.world_size = job.world_size;
   s.last_step = job.max_step;
   s.last_seen_unix_nanos = job.last_seen_nanos;
+  s.section_names = job.section_names;
+  s.sections_folded = job.sections_folded;
   for (int i = 0; i < job.world_size; ++i) {
     const RankInfo& r = job.ranks[i];
     if (r.present && r.last_step >= job.max_step - opt_.window_steps) ++s.ranks_reporting;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -34,6 +35,11 @@ struct StepEvent {
   std::optional<int> dp_rank;
   std::optional<int> pp_stage;
   std::optional<int> tp_rank;
+  // Named sections of the step as the client reported them (name, seconds), e.g. ("forward",
+  // 0.12): each is compared across ranks like the busy time, so a straggler in one section that
+  // the sum of the step hides is found. A job keeps its first kMaxSectionsPerJob names; values of
+  // later names are folded into nothing but counted (JobSnapshot::sections_folded).
+  std::vector<std::pair<std::string, double>> sections;
   // Node of the agent that received it; pid of the sender (0 when unknown).
   std::string node;
   int pid = 0;
@@ -44,6 +50,9 @@ struct StepEvent {
 // common/step_event_rules.h): what AddStep checks first, exposed so that a caller can refuse a
 // sample before spending anything on it.
 absl::Status ValidateStepEvent(const StepEvent& sample);
+
+// Named sections one job may have (the step-event contract's limit too).
+inline constexpr int kMaxSectionsPerJob = 16;
 
 // One reading of one GPU on one node.
 struct GpuSample {
@@ -143,6 +152,10 @@ struct Evidence {
   std::optional<double> busy_vs_median_ratio;
   std::optional<double> compute_vs_median_ratio;
   std::optional<double> data_excess_seconds;
+  // A straggler found in one named section (the step's sum may hide it): the section and its
+  // median against the fast group's.
+  std::optional<std::string> section;
+  std::optional<double> section_vs_reference_ratio;
   // Slow node: its flagged ranks and all its ranks in the job.
   std::optional<int64_t> slow_rank_count;
   std::optional<int64_t> node_rank_count;
@@ -219,11 +232,35 @@ struct TimeBreakdown {
   double other = 0;
 };
 
-// Estimated speed-up (>= 1) if each cause were removed.
+// What a what-if figure is: the speed-up itself as well as step summaries can tell it, or a bound
+// where they cannot (the true speed-up is at least / at most the figure). Checked against a
+// trace-driven simulation (sim/whatif_check.h, docs/analysis.md "What-ifs checked against a
+// simulation").
+enum class WhatIfKind { kEstimate, kLowerBound, kUpperBound };
+// "estimate", "lower_bound", "upper_bound".
+const char* WhatIfKindName(WhatIfKind kind);
+
+// Speed-up (>= 1) if each cause were removed, over the window of complete steps.
 struct WhatIf {
+  // Every straggler as fast as the healthy ranks of its peer group: the step then ends at the
+  // slowest healthy rank. An upper bound when a group has under 3 ranks (no healthy reference:
+  // every rank as fast as the fastest).
   double stragglers = 1;
+  // Perfect overlap: the collective hidden behind each rank's compute. An upper bound: compute
+  // that already hides communication cannot hide more, and step summaries do not tell how much
+  // does (nor, in a pipeline, the bubble from the collective).
   double overlap = 1;
+  // No data stall on any rank. A lower bound in a pipeline (a wait of the first stage delays
+  // every stage after it).
   double data = 1;
+  // Pipeline stages balanced (ranks report pp_stage; 1 otherwise): the slowest stage's busy time
+  // down to the mean of the stages'. An upper bound: the pipeline's fill and drain keep part of
+  // the gain.
+  double pipeline = 1;
+  WhatIfKind stragglers_kind = WhatIfKind::kEstimate;
+  WhatIfKind overlap_kind = WhatIfKind::kUpperBound;
+  WhatIfKind data_kind = WhatIfKind::kEstimate;
+  WhatIfKind pipeline_kind = WhatIfKind::kEstimate;
 };
 
 struct JobSnapshot {
@@ -242,6 +279,16 @@ struct JobSnapshot {
   WhatIf whatif;
   std::optional<double> scaling_efficiency_ratio;
   int64_t last_seen_unix_nanos = 0;
+  // Named sections of the job (first kMaxSectionsPerJob names, in order of first report), and
+  // section values dropped because their name came after the limit.
+  std::vector<std::string> section_names;
+  int64_t sections_folded = 0;
+};
+
+// One named section of a rank: its median over the recent window (seconds).
+struct SectionMedian {
+  std::string name;
+  double seconds = 0;
 };
 
 struct RankSnapshot {
@@ -254,7 +301,9 @@ struct RankSnapshot {
   double compute_seconds = 0;
   double data_seconds = 0;
   double comm_seconds = 0;
-  double busy_vs_median_ratio = 1;  // busy / median busy of the rank's peers
+  double busy_vs_median_ratio = 1;  // busy / the reference busy of the rank's peers
+  // Medians of the rank's named sections over the recent window (the job's section order).
+  std::vector<SectionMedian> sections;
   // Flagged: alone, as one of a slow node's ranks, or as a rank of the slowest stage of an
   // imbalanced pipeline.
   bool straggler = false;
@@ -292,16 +341,26 @@ struct EngineOptions {
   int max_jobs = 1000;
   int max_ranks_per_job = 100000;
 
-  // Stragglers: a rank is flagged when, over its last `straggler_window` complete steps, its busy
-  // time exceeds its peers' median by more than the relative margin on average (the margin grows
-  // with the job's own robust noise: straggler_noise_z x MAD-sigma / sqrt(window)), by more than
-  // the absolute margin and the step-fraction margin, and in more than straggler_over_share of
-  // those steps. It clears when the mean excess falls under straggler_clear_share of the margins.
+  // Stragglers (analysis/detectors/straggler.h): each rank's busy time, and each named section,
+  // is compared every step with the reference of its peers (the median of the healthy group: the
+  // fast cluster when the ranks split into two, else every peer but those already flagged). The
+  // relative excess feeds a bank of sequential tests (CUSUM) tuned to effects of 1, 2, 4, 8 and
+  // 16 x straggler_rel_margin, scaled by the peers' own noise. A rank is flagged when one of them
+  // crosses log(peers x tests / straggler_false_alarm_per_step) and the mean excess since that
+  // test's change point is at least 0.8 x straggler_rel_margin, the absolute margin and the
+  // step-fraction margin. It clears when a test for "back among its peers" against "still
+  // straggler_rel_margin slower" crosses log(1 / straggler_clear_false_alarm).
+  // `straggler_window` steps of scores are kept as the finding's evidence (the split).
   int straggler_window = 16;
-  double straggler_rel_margin = 0.06;
+  double straggler_rel_margin = 0.05;
   double straggler_abs_margin_seconds = 0.002;
   double straggler_step_fraction = 0.02;
-  double straggler_noise_z = 4.5;
+  // False flags per peer group and step (the threshold grows with the number of ranks tested, so
+  // a 100,000-rank job raises no more of them than an 8-rank one).
+  double straggler_false_alarm_per_step = 1e-7;
+  double straggler_clear_false_alarm = 1e-3;
+  // The relative noise assumed at least (no job measures steps more exactly than this).
+  double straggler_noise_floor = 0.005;
   // Flagged for this many steps: persistent rather than transient.
   int persistent_steps = 100;
   // Pipeline imbalance: slowest stage vs the median of the others, flag and clear levels.
@@ -314,9 +373,15 @@ struct EngineOptions {
 
   // A slow rank or node is critical at this ratio of its busy time to its peers' median.
   double critical_ratio = 1.5;
-  // Regression: the recent window and the reference before it, in complete steps.
+  // Regression: the recent windows (regression_window steps, twice and four times that) against
+  // a reference of up to regression_reference complete steps before the last 4 x
+  // regression_window. The shift must be at least regression_threshold and regression_z standard
+  // errors of the medians' difference (the job's own noise); the first regression_warmup_steps
+  // complete steps of a job (compilation, autotuning, caches) are never a reference.
   int regression_window = 16;
-  int regression_reference = 48;
+  int regression_reference = 128;
+  double regression_z = 6;
+  int regression_warmup_steps = 50;
   // Scaling efficiency is recomputed every this many complete steps of a job.
   int scaling_every_steps = 8;
   // Job names kept in the scaling history (it outlives jobs); beyond it the name least recently
@@ -336,11 +401,8 @@ struct EngineOptions {
   double memory_bound_dram_ratio = 0.5;
   double data_bound_share = 0.15;
   double comm_bound_share = 0.3;
-  // Hysteresis: a straggler clears when its mean excess falls under this share of its margins, a
-  // regression when its shift falls under this share of regression_threshold.
-  double straggler_clear_share = 0.5;
-  // A straggler is over its margin in more than this share of its window's steps.
-  double straggler_over_share = 0.5;
+  // Hysteresis: a regression clears when its shift falls under this share of
+  // regression_threshold.
   double regression_clear_share = 0.5;
   // A slow node has at least this many ranks of the job, all flagged; it clears once fewer than
   // slow_node_clear_share of them have stayed flagged for straggler_window steps.

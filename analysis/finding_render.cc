@@ -62,6 +62,11 @@ std::string RankList(const std::vector<int>& v, int64_t total) {
 
 // A slow rank's (or node's sample rank's) excess against its peers.
 std::string SplitText(const Evidence& e) {
+  // A straggler found in one named section: the step's sum may not show it at all.
+  if (e.section && e.section_vs_reference_ratio) {
+    return absl::StrFormat("section %s %+.0f%% vs median", *e.section,
+                           (*e.section_vs_reference_ratio - 1) * 100);
+  }
   if (e.data_excess_seconds) {
     return absl::StrCat("data loading +", Seconds(*e.data_excess_seconds), " vs median");
   }
@@ -224,18 +229,28 @@ std::string ScalingSummary(const Finding& f) {
   return s;
 }
 
+// Step times of fast jobs need a decimal: "7.4 ms", not "7 ms" (nor "+0 ms").
+std::string StepSeconds(double s) {
+  if (s < 0.0095) return absl::StrFormat("%.1f ms", s * 1000);
+  return Seconds(s);
+}
+
+// The since-step is the change point, the same step as the finding's since_step. rise_seconds
+// unset: the split is unknown (nothing said); 0: no part of it rose measurably.
 std::string RegressionSummary(const Finding& f) {
   const Evidence& e = f.evidence;
   std::string s = absl::StrFormat("step time up %.0f%% since step %d: %s vs %s before",
                                   (e.step_vs_baseline_ratio.value_or(1) - 1) * 100, f.since_step,
-                                  Seconds(e.step_seconds.value_or(0)),
-                                  Seconds(e.baseline_step_seconds.value_or(0)));
-  if (e.rise_seconds) {
+                                  StepSeconds(e.step_seconds.value_or(0)),
+                                  StepSeconds(e.baseline_step_seconds.value_or(0)));
+  if (e.rise_seconds && *e.rise_seconds > 0) {
     const char* name = f.cause == Cause::kExposedComm   ? "exposed communication"
                        : f.cause == Cause::kImbalance   ? "waiting for slower ranks"
                        : f.cause == Cause::kDataLoading ? "data loading"
                                                         : "compute";
-    absl::StrAppend(&s, "; largest rise: ", name, " +", Seconds(*e.rise_seconds), " per step");
+    absl::StrAppend(&s, "; largest rise: ", name, " +", StepSeconds(*e.rise_seconds), " per step");
+  } else if (e.rise_seconds) {
+    absl::StrAppend(&s, "; no single part of the split rose measurably");
   }
   return s;
 }
@@ -397,7 +412,7 @@ std::string RenderAction(const Finding& f) {
     case FindingKind::kScalingEfficiency:
       return JobAction(f.cause);
     case FindingKind::kRegression:
-      if (f.cause == Cause::kUnknown && f.evidence.rise_seconds) {
+      if (f.cause == Cause::kUnknown && f.evidence.rise_seconds.value_or(0) > 0) {
         return "compute rose on every rank: look for a change of code, inputs or GPU clocks";
       }
       return JobAction(f.cause);

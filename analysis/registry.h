@@ -2,6 +2,7 @@
 // reading of every GPU and host, and the single answer to "which GPU does this rank drive".
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -22,6 +23,12 @@ class DetectorState {
   virtual ~DetectorState() = default;
 };
 
+// Steps of named-section history kept per rank (the medians RankSnapshot::sections shows).
+inline constexpr size_t kSectionHistorySteps = 16;
+
+// One step's named sections of one rank, by the job's section index (NaN: not reported).
+using SectionVals = std::array<float, kMaxSectionsPerJob>;
+
 struct RankInfo {
   bool present = false;
   std::string node;
@@ -33,6 +40,8 @@ struct RankInfo {
   int64_t last_step = -1;
   int64_t last_seen_nanos = 0;
   Ring<StepVals> history;
+  // The named sections of its recent steps (allocated when it first reports one).
+  std::unique_ptr<Ring<SectionVals>> sections;
   int64_t last_gpu_nanos = -1;  // the GPU reading last used for a step-only split
   // The agent saw the process that sent this rank's last step exit.
   bool exited = false;
@@ -76,6 +85,10 @@ struct JobRecord {
   int64_t last_seen_nanos = 0;
   Ring<StepSummary> summaries;
   int64_t completed_steps = 0;
+  // Named sections in order of first report (at most kMaxSectionsPerJob), and section values
+  // dropped because their name came after the limit.
+  std::vector<std::string> section_names;
+  int64_t sections_folded = 0;
   // One slot per detector, in the order of the detector list (null when it keeps none).
   std::vector<std::unique_ptr<DetectorState>> states;
 };

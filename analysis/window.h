@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "analysis/engine.h"
@@ -27,6 +28,8 @@ struct Entry {
   bool stale = false;          // split taken from a GPU reading already used: no new evidence
   bool unknown_split = false;  // step_only with no SM activity: busy is the step, not evidence
   bool forgotten = false;      // its rank was removed (RemoveNode) after it reported
+  // Named sections: (index in the job's section names, seconds), ordered by index.
+  std::vector<std::pair<uint8_t, float>> sections;
 };
 
 // A step some ranks reported, not complete yet.
@@ -52,14 +55,28 @@ struct StepSummary {
   double med_data = 0;
   double samples = -1;       // summed over ranks, -1 when not reported
   bool split_known = false;  // some rank's split was reported or inferred from SM activity
+  // What-ifs of this step (FillWindowFigures sums them): how much earlier the step would end,
+  // seconds, with the stragglers fixed, the collective hidden behind compute, no data waits, the
+  // pipeline stages balanced. See WhatIfGains in window.cc.
+  double gain_stragglers = 0;
+  double gain_overlap = 0;
+  double gain_data = 0;
+  double gain_pipeline = 0;
+  bool stragglers_bound = false;  // a peer group of 2: every rank as fast as the faster
+  bool pipeline = false;          // ranks of two or more pipeline stages reported
 };
 
 // The entry of a valid sample; `pp_stage` is the rank's stage (-1 when none).
 Entry MakeEntry(const StepEvent& s);
 
-// Summarises the entries of one complete step (non-empty) of a job of `world_size` ranks.
+class RankTable;
+
+// Summarises the entries of one complete step (non-empty) of a job of `world_size` ranks. With
+// `ranks` (the job's, holding each rank's history before this step), the what-ifs tell a
+// straggler from one step's noise by each rank's recent busy level (WhatIfGains in window.cc);
+// without, by this step's busy times alone.
 StepSummary Summarize(int64_t step, int64_t nanos, const std::vector<Entry>& es, int world_size,
-                      std::vector<double>* scratch);
+                      std::vector<double>* scratch, const RankTable* ranks = nullptr);
 
 // Fills the window figures of a snapshot: median step, rates, split_known, breakdown,
 // efficiency and what-ifs.

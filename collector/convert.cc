@@ -1,5 +1,7 @@
 #include "collector/convert.h"
 
+#include <algorithm>
+
 namespace stepwatch::collector {
 
 analysis::StepEvent ToStepSample(const v1::StepEvent& e, const std::string& node,
@@ -27,6 +29,17 @@ void FillStepSample(const v1::StepEvent& e, const std::string& node,
   s.dp_rank = e.has_dp_rank() ? std::optional<int>(e.dp_rank()) : std::nullopt;
   s.pp_stage = e.has_pp_stage() ? std::optional<int>(e.pp_stage()) : std::nullopt;
   s.tp_rank = e.has_tp_rank() ? std::optional<int>(e.tp_rank()) : std::nullopt;
+  // Sorted by name: a proto map's order is unspecified, the engine's input must be deterministic.
+  // Reuses the strings of the previous event (the collector fills one sample per step).
+  s.sections.resize(static_cast<size_t>(e.sections_size()));
+  size_t i = 0;
+  for (const auto& [name, seconds] : e.sections()) {
+    s.sections[i].first.assign(name);
+    s.sections[i].second = seconds;
+    ++i;
+  }
+  std::sort(s.sections.begin(), s.sections.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
   s.node = node;
   s.pid = e.pid();
   s.received_unix_nanos =
@@ -95,6 +108,8 @@ void ToProto(const analysis::Evidence& e, v1::FindingEvidence* out) {
   STEPWATCH_COPY_SET(e, out, busy_vs_median_ratio);
   STEPWATCH_COPY_SET(e, out, compute_vs_median_ratio);
   STEPWATCH_COPY_SET(e, out, data_excess_seconds);
+  STEPWATCH_COPY_SET(e, out, section);
+  STEPWATCH_COPY_SET(e, out, section_vs_reference_ratio);
   STEPWATCH_COPY_SET(e, out, slow_rank_count);
   STEPWATCH_COPY_SET(e, out, node_rank_count);
   STEPWATCH_COPY_SET(e, out, stage_vs_median_ratio);
@@ -159,6 +174,8 @@ void ToProto(const analysis::JobSnapshot& j, int finding_count, v1::JobStatus* o
   out->set_efficiency_ratio(j.efficiency_ratio);
   out->set_finding_count(finding_count);
   out->set_last_seen_unix_nanos(j.last_seen_unix_nanos);
+  for (const std::string& name : j.section_names) out->add_section_names(name);
+  out->set_sections_folded(j.sections_folded);
 }
 
 void ToProto(const analysis::RankSnapshot& r, v1::RankRow* out) {
@@ -173,6 +190,11 @@ void ToProto(const analysis::RankSnapshot& r, v1::RankRow* out) {
   out->set_straggler(r.straggler);
   out->set_pp_stage(r.pp_stage);
   out->set_comparable(r.comparable);
+  for (const analysis::SectionMedian& s : r.sections) {
+    v1::SectionMedian* m = out->add_sections();
+    m->set_name(s.name);
+    m->set_seconds(s.seconds);
+  }
 }
 
 }  // namespace stepwatch::collector

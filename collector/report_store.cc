@@ -194,6 +194,15 @@ void ReportStore::Update(Tracked* t, const analysis::JobSnapshot& job,
   if (job.scaling_efficiency_ratio.has_value()) {
     r.set_scaling_efficiency_ratio(*job.scaling_efficiency_ratio);
   }
+  // The last known sections: a job whose ranks stop reporting them keeps the ones it had.
+  if (!job.section_names.empty()) {
+    if (!std::equal(r.section_names().begin(), r.section_names().end(), job.section_names.begin(),
+                    job.section_names.end())) {
+      r.clear_section_names();
+      for (const std::string& name : job.section_names) r.add_section_names(name);
+    }
+    r.set_sections_folded(std::max(r.sections_folded(), job.sections_folded));
+  }
 
   absl::flat_hash_set<FindingKey> seen;
   for (const analysis::Finding& f : active) {
@@ -361,6 +370,8 @@ std::vector<v1::JobReport> ReportStore::List() const {
     }
     s.set_finding_count(r.finding_count());
     s.set_findings_dropped(r.findings_dropped());
+    *s.mutable_section_names() = r.section_names();
+    s.set_sections_folded(r.sections_folded());
   };
   for (const auto& [job, t] : running_) add(t.report);
   for (const auto& [job, r] : finished_) add(r);

@@ -69,6 +69,30 @@ bool PrintableAscii(absl::string_view text) {
   }
   return ok;
 }
+bool SectionNameCharacter(unsigned char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '.' || c == ':' || c == '/' || c == '-';
+}
+bool SectionNameOk(absl::string_view name) {
+  if (name.empty() || name.size() > kMaxSectionNameBytes) return false;
+  for (const char ch : name) {
+    if (!SectionNameCharacter(static_cast<unsigned char>(ch))) return false;
+  }
+  for (const char* reserved : kReservedSectionNames) {
+    if (name == reserved) return false;
+  }
+  return true;
+}
+bool SectionsOk(absl::Span<const Section> sections) {
+  if (sections.size() > kMaxSections) return false;
+  for (size_t i = 0; i < sections.size(); ++i) {
+    if (!SectionNameOk(sections[i].first) || !NumberOk(kSections, sections[i].second)) return false;
+    for (size_t j = 0; j < i; ++j) {
+      if (sections[j].first == sections[i].first) return false;
+    }
+  }
+  return true;
+}
 bool AllRulesHold(const Fields& f) {
   return !f.job.empty() && f.job.size() <= kMaxJobBytes && PrintableAscii(f.job) &&
          IntegerOk(kRank, f.rank) && IntegerOk(kWorldSize, f.world_size) &&
@@ -78,7 +102,8 @@ bool AllRulesHold(const Fields& f) {
          OptionalNumberOk(kCommS, f.comm_seconds) && OptionalIntegerOk(kSamples, f.samples) &&
          OptionalIntegerOk(kLocalRank, f.local_rank) && OptionalIntegerOk(kGpu, f.gpu) &&
          OptionalIntegerOk(kDpRank, f.dp_rank) && OptionalIntegerOk(kPpStage, f.pp_stage) &&
-         OptionalIntegerOk(kTpRank, f.tp_rank) && OptionalIntegerOk(kDropped, f.dropped);
+         OptionalIntegerOk(kTpRank, f.tp_rank) && OptionalIntegerOk(kDropped, f.dropped) &&
+         SectionsOk(f.sections);
 }
 
 }  // namespace
@@ -140,6 +165,47 @@ absl::Status ValidateNumber(FieldId field, double value) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateSectionName(absl::string_view name) {
+  if (SectionNameOk(name)) return absl::OkStatus();
+  // Names are quoted only once known to be short printable ASCII: they reach the agent's log.
+  if (name.empty()) return absl::InvalidArgumentError("sections: a name is empty");
+  if (name.size() > kMaxSectionNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("sections: a name is ", name.size(),
+                                                   " bytes, the limit is ", kMaxSectionNameBytes));
+  }
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (!SectionNameCharacter(static_cast<unsigned char>(name[i]))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sections: a name has a character other than A-Za-z0-9_.:/- at byte ", i));
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "sections: \"", name, "\" is a built-in phase (report it as ", name, "_s), not a section"));
+}
+
+absl::Status ValidateSections(absl::Span<const Section> sections) {
+  if (SectionsOk(sections)) return absl::OkStatus();
+  if (sections.size() > kMaxSections) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sections: ", sections.size(), " entries, the limit is ", kMaxSections));
+  }
+  for (size_t i = 0; i < sections.size(); ++i) {
+    const auto& [name, seconds] = sections[i];
+    if (absl::Status s = ValidateSectionName(name); !s.ok()) return s;
+    for (size_t j = 0; j < i; ++j) {
+      if (sections[j].first == name) {
+        return absl::InvalidArgumentError(absl::StrCat("sections.", name, " given twice"));
+      }
+    }
+    if (absl::Status s = ValidateNumber(kSections, seconds); !s.ok()) {
+      // "sections is not finite" -> "sections.forward is not finite".
+      return absl::InvalidArgumentError(
+          absl::StrCat("sections.", name, s.message().substr(sizeof("sections") - 1)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Validate(const Fields& f) {
   if (AllRulesHold(f)) return absl::OkStatus();
   if (absl::Status s = ValidateJob(f.job); !s.ok()) return s;
@@ -161,6 +227,7 @@ absl::Status Validate(const Fields& f) {
     if (!value.has_value()) continue;
     if (absl::Status s = ValidateInteger(id, *value); !s.ok()) return s;
   }
+  if (absl::Status s = ValidateSections(f.sections); !s.ok()) return s;
   if (f.rank >= f.world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", f.rank, " >= world_size ", f.world_size));

@@ -8,9 +8,12 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace stepwatch::step_event {
 
@@ -27,8 +30,17 @@ inline constexpr int64_t kMaxGpuIndex = 1023;
 // dp_rank, pp_stage, tp_rank: 32-bit, as in the proto.
 inline constexpr int64_t kMaxCoordinate = std::numeric_limits<int32_t>::max();
 inline constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
+// "sections": at most this many named sections per event (the collector keeps as many per job).
+inline constexpr size_t kMaxSections = 16;
+// A section name: 1 to kMaxSectionNameBytes bytes of [A-Za-z0-9_.:/-], and none of
+// kReservedSectionNames (the built-in phases, which have their own fields).
+inline constexpr size_t kMaxSectionNameBytes = 64;
+inline constexpr const char* kSectionNameCharacters =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:/-";
+inline constexpr const char* kReservedSectionNames[] = {"data", "compute", "comm"};
 
-enum class FieldType { kString, kInteger, kNumber };
+// kSections: a JSON object of name -> number; its values follow the number_* limits of its rule.
+enum class FieldType { kString, kInteger, kNumber, kSections };
 
 // Every field of the datagram, in the order of kFieldRules.
 enum FieldId {
@@ -46,6 +58,7 @@ enum FieldId {
   kDpRank,
   kPpStage,
   kTpRank,
+  kSections,
   kDropped,
   kFieldCount,
 };
@@ -58,7 +71,8 @@ struct FieldRule {
   // Integers: min <= value <= max.
   int64_t int_min;
   int64_t int_max;
-  // Numbers: finite, min < value (min_exclusive) or min <= value, and value <= max.
+  // Numbers (and the values of a kSections object): finite, min < value (min_exclusive) or
+  // min <= value, and value <= max.
   double number_min;
   bool min_exclusive;
   double number_max;
@@ -82,11 +96,15 @@ inline constexpr FieldRule kFieldRules[kFieldCount] = {
     {"dp_rank", "dpRank", FieldType::kInteger, false, 0, kMaxCoordinate, 0, false, 0, true},
     {"pp_stage", "ppStage", FieldType::kInteger, false, 0, kMaxCoordinate, 0, false, 0, true},
     {"tp_rank", "tpRank", FieldType::kInteger, false, 0, kMaxCoordinate, 0, false, 0, true},
+    {"sections", "sections", FieldType::kSections, false, 0, 0, 0, false, kMaxSeconds, true},
     {"dropped", "dropped", FieldType::kInteger, false, 0, kMaxInt64, 0, false, 0, false},
 };
 
 // The field named `name` (either spelling), or -1.
 int FindField(absl::string_view name);
+
+// One named section of an event: (name, seconds).
+using Section = std::pair<std::string, double>;
 
 // One event's values, whatever carried them (a datagram, a batch from an agent).
 struct Fields {
@@ -104,6 +122,8 @@ struct Fields {
   std::optional<int64_t> dp_rank;
   std::optional<int64_t> pp_stage;
   std::optional<int64_t> tp_rank;
+  // Empty when the event has none ("sections" absent and {} are the same).
+  absl::Span<const Section> sections;
   std::optional<int64_t> dropped;
 };
 
@@ -113,6 +133,12 @@ absl::Status ValidateJob(absl::string_view job);
 // One integer or number field against its range; InvalidArgument naming the field otherwise.
 absl::Status ValidateInteger(FieldId field, int64_t value);
 absl::Status ValidateNumber(FieldId field, double value);
+// A section name: 1 to kMaxSectionNameBytes bytes of kSectionNameCharacters, not a built-in phase
+// (data, compute, comm). InvalidArgument starting with "sections" otherwise.
+absl::Status ValidateSectionName(absl::string_view name);
+// At most kMaxSections entries, each with a valid name given once and a finite value of 0 to
+// kMaxSeconds. InvalidArgument starting with "sections" otherwise.
+absl::Status ValidateSections(absl::Span<const Section> sections);
 // Every rule, fields in kFieldRules order, then rank < world_size. The first broken rule is the
 // error (InvalidArgument; its message starts with the field's name).
 absl::Status Validate(const Fields& fields);

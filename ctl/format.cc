@@ -16,6 +16,76 @@ namespace {
 
 std::string RankOrDash(int32_t v) { return v < 0 ? "-" : absl::StrCat(v); }
 
+// The job's named sections (its order), then any a row has that the job does not list.
+std::vector<std::string> SectionNames(const v1::ExplainResponse& e) {
+  std::vector<std::string> names(e.job().section_names().begin(), e.job().section_names().end());
+  for (const v1::RankRow& r : e.ranks()) {
+    for (const v1::SectionMedian& s : r.sections()) {
+      if (std::find(names.begin(), names.end(), s.name()) == names.end()) names.push_back(s.name());
+    }
+  }
+  return names;
+}
+
+const v1::SectionMedian* FindSection(const v1::RankRow& r, const std::string& name) {
+  for (const v1::SectionMedian& s : r.sections()) {
+    if (s.name() == name) return &s;
+  }
+  return nullptr;
+}
+
+// Per-rank section medians, one column per section, each against the median rank's value in that
+// section (over every rank of the answer, not only the rows shown).
+std::string FormatSections(const v1::ExplainResponse& e,
+                           const std::vector<const v1::RankRow*>& shown) {
+  const std::vector<std::string> names = SectionNames(e);
+  if (names.empty()) return "";
+  std::string out =
+      "\nSections (per rank: median over recent steps; % = vs the median rank in that section)\n";
+  if (shown.empty()) {
+    absl::StrAppend(&out, "  ", absl::StrJoin(names, ", "), "\n");
+  } else {
+    std::vector<double> medians;
+    for (const std::string& name : names) {
+      std::vector<double> values;
+      for (const v1::RankRow& r : e.ranks()) {
+        if (const v1::SectionMedian* s = FindSection(r, name)) values.push_back(s->seconds());
+      }
+      double median = 0;
+      if (values.size() >= 2) {
+        std::sort(values.begin(), values.end());
+        const size_t n = values.size();
+        median = n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+      }
+      medians.push_back(median);
+    }
+    std::vector<std::vector<std::string>> rows(1, {" ", "RANK"});
+    for (const std::string& name : names) rows[0].push_back(name);
+    for (const v1::RankRow* r : shown) {
+      std::vector<std::string> row = {r->straggler() ? "!" : " ", absl::StrCat(r->rank())};
+      for (size_t i = 0; i < names.size(); ++i) {
+        const v1::SectionMedian* s = FindSection(*r, names[i]);
+        if (s == nullptr) {
+          row.push_back("-");
+          continue;
+        }
+        std::string cell = FormatDuration(s->seconds());
+        if (medians[i] > 0) {
+          absl::StrAppendFormat(&cell, " (%+.0f%%)", (s->seconds() / medians[i] - 1) * 100);
+        }
+        row.push_back(std::move(cell));
+      }
+      rows.push_back(std::move(row));
+    }
+    out += FormatTable(rows);
+  }
+  if (e.job().sections_folded() > 0) {
+    absl::StrAppend(&out, "  ", e.job().sections_folded(),
+                    " section values not kept: a job keeps its first 16 section names\n");
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string FormatDuration(double seconds) {
@@ -296,8 +366,8 @@ std::string FormatExplain(const v1::ExplainResponse& e, const ExplainFormatOptio
 
   out += "\nWhat if (largest speed-up first)\n";
   out += FormatWhatIf(e, breakdown_known);
+  std::vector<const v1::RankRow*> shown;
   if (!e.ranks().empty()) {
-    std::vector<const v1::RankRow*> shown;
     for (const v1::RankRow& r : e.ranks()) shown.push_back(&r);
     size_t hidden = 0;
     if (options.max_rank_rows > 0 && static_cast<int>(shown.size()) > options.max_rank_rows) {
@@ -332,6 +402,7 @@ std::string FormatExplain(const v1::ExplainResponse& e, const ExplainFormatOptio
       absl::StrAppend(&out, "  ... ", hidden, " more ranks closer to the median not shown\n");
     }
   }
+  out += FormatSections(e, shown);
 
   out += "\nFindings\n";
   if (e.findings().empty()) {

@@ -60,6 +60,13 @@ std::string RatioObject(const google::protobuf::Map<std::string, double>& map,
   return absl::StrCat("{", absl::StrJoin(members, ", "), "}");
 }
 
+// ["a", "b"]
+std::string StringList(const google::protobuf::RepeatedPtrField<std::string>& list) {
+  std::vector<std::string> quoted;
+  for (const std::string& s : list) quoted.push_back(json::Quote(s));
+  return absl::StrCat("[", absl::StrJoin(quoted, ", "), "]");
+}
+
 std::string FindingJson(const v1::Finding& f) {
   std::vector<std::string> causes;
   for (const std::string& c : f.causes()) causes.push_back(json::Quote(c));
@@ -78,6 +85,10 @@ std::string FindingJson(const v1::Finding& f) {
       {"since_time", TimeOrNull(f.since_unix_nanos())},
       {"until_time", TimeOrNull(f.until_step() < 0 ? 0 : f.until_unix_nanos())},
       {"ranks", absl::StrCat("[", absl::StrJoin(f.ranks(), ", "), "]")},
+      {"section", f.evidence().has_section() ? json::Quote(f.evidence().section()) : "null"},
+      {"section_vs_reference_ratio", f.evidence().has_section_vs_reference_ratio()
+                                         ? Number(f.evidence().section_vs_reference_ratio())
+                                         : "null"},
       {"summary", json::Quote(f.summary())},
       {"action", json::Quote(f.action())},
   };
@@ -108,6 +119,8 @@ std::string ReportMembers(const v1::JobReport& r, bool with_findings, const std:
        r.has_scaling_efficiency_ratio() ? Number(r.scaling_efficiency_ratio()) : "null"},
       {"breakdown", RatioObject(r.time_ratio(), kComponents, std::size(kComponents))},
       {"whatif", RatioObject(r.whatif_speedup_ratio(), kFixes, std::size(kFixes))},
+      {"sections", StringList(r.section_names())},
+      {"sections_folded", absl::StrCat(r.sections_folded())},
       {"finding_count", absl::StrCat(r.finding_count())},
       {"findings_dropped", absl::StrCat(r.findings_dropped())},
   };
@@ -174,6 +187,14 @@ std::string FormatReport(const v1::JobReport& r) {
           {absl::StrCat("  ", fix, " fixed"), absl::StrFormat("%.2fx faster", it->second)});
     }
     out += FormatTable(rows);
+  }
+  if (!r.section_names().empty()) {
+    absl::StrAppend(&out, "\nSections (last known): ", absl::StrJoin(r.section_names(), ", "),
+                    "\n");
+    if (r.sections_folded() > 0) {
+      absl::StrAppend(&out, "  ", r.sections_folded(),
+                      " section values not kept: a job keeps its first 16 section names\n");
+    }
   }
 
   absl::StrAppend(&out, "\nFindings (", r.finding_count(), " in all");

@@ -48,6 +48,15 @@ std::string EncodeStepEvent(const analysis::StepEvent& s) {
   if (s.dp_rank) AppendField(&out, key(step_event::kDpRank), int64_t{*s.dp_rank});
   if (s.pp_stage) AppendField(&out, key(step_event::kPpStage), int64_t{*s.pp_stage});
   if (s.tp_rank) AppendField(&out, key(step_event::kTpRank), int64_t{*s.tp_rank});
+  if (!s.sections.empty()) {
+    absl::StrAppend(&out, ",\"", key(step_event::kSections), "\":{");
+    for (size_t i = 0; i < s.sections.size(); ++i) {
+      if (i > 0) out.push_back(',');
+      json::AppendQuoted(s.sections[i].first, &out);
+      absl::StrAppend(&out, ":", absl::StrFormat("%.9g", s.sections[i].second));
+    }
+    out.push_back('}');
+  }
   out.push_back('}');
   return out;
 }

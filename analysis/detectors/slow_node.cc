@@ -39,9 +39,10 @@ void SlowNodeDetector::OnStep(const JobView& view, const StepView& step, Detecto
   for (const auto& [node, c] : counts) {
     auto it = st.nodes.find(node);
     if (it == st.nodes.end()) {
-      // A node holding half the job or more is the job, not one slow node.
+      // A node holding more than half the job is the job, not one slow node; one of two nodes is
+      // (the straggler reference is the healthy half).
       if (c.present >= view.options.slow_node_min_ranks && c.flagged == c.present &&
-          2 * c.present < job.present_ranks) {
+          2 * c.present <= job.present_ranks) {
         st.nodes[node] = SlowNodeState::NodeSlow{c.since_step, c.since_nanos};
       }
     } else if (c.flagged == 0) {

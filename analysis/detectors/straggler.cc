@@ -2,15 +2,177 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "analysis/causes.h"
 #include "analysis/finding.h"
 #include "analysis/stats.h"
 
 namespace stepwatch::analysis {
+namespace {
+
+// Steps of a rank's own noise before its tests start (the noise scales every increment).
+constexpr int32_t kWarmupSteps = 8;
+// Weights of the newest step in the noise estimate and in the level the split reads: the noise
+// follows the job within tens of steps, the level averages long enough to separate two clusters
+// under heavy noise.
+constexpr float kNoiseMemory = 1.0f / 32;
+constexpr float kRecentNoiseMemory = 1.0f / 8;
+constexpr float kLevelMemory = 1.0f / 64;
+// A flag needs a mean excess since the change point of at least this share of the minimum effect:
+// a persistent difference well under it (uneven shards within noise) is not a straggler.
+constexpr double kMinEffectShare = 1.0;
+// Two clusters of levels are separate when their means are this many within-cluster standard
+// deviations apart (an evenly spread job splits in its middle at about 3.5).
+constexpr double kClusterSeparation = 4.5;
+// Steps between recomputations of a peer group's split and noise.
+constexpr int64_t kRefreshSteps = 8;
+// Peers needed to start from their spread before their own noise is known, and the margin on it.
+constexpr size_t kMinSpreadPeers = 4;
+constexpr double kSpreadInflation = 1.25;
+// A median busy time that moved by more than this factor since is a new regime of noise.
+constexpr double kRescaleRatio = 1.25;
+// A step's excess counts at most this many standard deviations beyond the tested effect.
+constexpr double kClipSigmas = 4;
+
+double Clamp(double x, double lo, double hi) { return std::min(std::max(x, lo), hi); }
+
+// The median over `tests` (those past their warm-up) of each one's own noise; -1 while fewer than
+// half of them are past it.
+template <typename Get>
+double PeerNoise(size_t count, Get get, std::vector<double>* scratch) {
+  scratch->clear();
+  for (size_t i = 0; i < count; ++i) {
+    const SeriesTest* t = get(i);
+    if (t != nullptr && t->observed >= kWarmupSteps) scratch->push_back(t->Noise());
+  }
+  if (scratch->empty() || 2 * scratch->size() < count) return -1;
+  return MedianInPlace(*scratch);
+}
+
+}  // namespace
+
+void ObserveNoise(double rel, SeriesTest* t) {
+  // Half the mean squared difference of steps one apart, and of steps kNoiseLag apart: the noise
+  // of the series without its level, so a rank that slows down or recovers does not look noisy
+  // for the tens of steps an average of its deviations would take to follow; the lagged one also
+  // holds the slow wander of real jobs (shared file systems, neighbours), which a test tuned to
+  // step-to-step noise alone would take for a slowdown.
+  if (t->observed < INT32_MAX) ++t->observed;
+  const size_t slot = t->observed % SeriesTest::kNoiseLag;  // the value kNoiseLag steps ago
+  if (t->observed > 1) {
+    const double bound =
+        t->observed > kWarmupSteps && t->var > 0 ? kClipSigmas * std::sqrt(2.0) * t->Noise() : 0;
+    // One outlier step (a pause, a checkpoint) must not inflate the noise for tens of steps.
+    auto clip = [&](double d) { return bound > 0 ? Clamp(d, -bound, bound) : d; };
+    const double d = clip(rel - t->recent[(t->observed - 1) % SeriesTest::kNoiseLag]);
+    const double a = std::max(1.0 / (t->observed - 1), static_cast<double>(kNoiseMemory));
+    const double b = std::max(1.0 / (t->observed - 1), static_cast<double>(kRecentNoiseMemory));
+    t->var = static_cast<float>((1 - a) * t->var + a * d * d / 2);
+    t->var_recent = static_cast<float>((1 - b) * t->var_recent + b * d * d / 2);
+    if (t->observed > SeriesTest::kNoiseLag) {
+      const double dl = clip(rel - t->recent[slot]);
+      const int64_t lagged = t->observed - SeriesTest::kNoiseLag;
+      const double c = std::max(1.0 / lagged, static_cast<double>(kNoiseMemory));
+      t->var_lagged = static_cast<float>((1 - c) * t->var_lagged + c * dl * dl / 2);
+    }
+  }
+  t->recent[slot] = static_cast<float>(rel);
+}
+
+TestRound::TestRound(double sigma, double min_effect_in, double h_in, double h_clear_in,
+                     double abs_floor_in, int64_t step_in, int64_t nanos_in)
+    : min_effect(min_effect_in),
+      h(h_in),
+      h_clear(h_clear_in),
+      abs_floor(abs_floor_in),
+      step(step_in),
+      nanos(nanos_in) {
+  const double s2 = sigma * sigma;
+  for (int j = 0; j <= SeriesTest::kBank; ++j) {
+    // The last entry is the clearing test's: "min_effect slower" against "as fast".
+    const double d = min_effect * (j < SeriesTest::kBank ? (1 << j) : 1);
+    coef[j] = d / s2;
+    half[j] = d / 2;
+    lo[j] = -kClipSigmas * sigma - d;
+    hi[j] = d + kClipSigmas * sigma;
+  }
+}
+
+bool UpdateSeriesTest(double rel, double abs, const TestRound& round, SeriesTest* t) {
+  if (t->tested_from < 0) t->tested_from = round.step;
+  const double cap = round.h / 2;
+  for (int j = 0; j < SeriesTest::kBank; ++j) {
+    const double x = Clamp(rel, round.lo[j], round.hi[j]);
+    const double inc = std::min(round.coef[j] * (x - round.half[j]), cap);
+    if (t->cusum[j] <= 0) {
+      if (inc <= 0) continue;
+      t->start_step[j] = round.step;
+      t->start_nanos[j] = round.nanos;
+      t->sum_rel[j] = t->sum_abs[j] = 0;
+      t->count[j] = 0;
+    }
+    t->cusum[j] = static_cast<float>(std::max(0.0, t->cusum[j] + inc));
+    if (t->cusum[j] > 0) {
+      t->sum_rel[j] += static_cast<float>(rel);
+      t->sum_abs[j] += static_cast<float>(abs);
+      ++t->count[j];
+    } else {
+      t->count[j] = 0;
+    }
+  }
+  if (!t->flagged) {
+    int best = -1;
+    for (int j = 0; j < SeriesTest::kBank; ++j) {
+      if (t->cusum[j] < round.h || t->count[j] < 2) continue;
+      if (t->sum_rel[j] / t->count[j] < kMinEffectShare * round.min_effect) continue;
+      if (t->sum_abs[j] / t->count[j] < round.abs_floor) continue;
+      // The earliest change point among the tests that hold.
+      if (best < 0 || t->start_step[j] < t->start_step[best]) best = j;
+    }
+    if (best < 0) return false;
+    t->flagged = true;
+    t->clear = 0;
+    t->since_step = t->start_step[best];
+    t->since_nanos = t->start_nanos[best];
+    t->effect_sum = t->sum_rel[best];
+    t->effect_steps = t->count[best];
+    return true;
+  }
+  t->effect_sum += rel;
+  ++t->effect_steps;
+  // "Back among its peers" (mean 0) against "still the minimum effect slower".
+  constexpr int c = SeriesTest::kBank;
+  const double x = Clamp(rel, round.lo[c], round.hi[c]);
+  const double inc = std::min(round.coef[c] * (round.half[c] - x), round.h_clear / 2);
+  t->clear = static_cast<float>(std::max(0.0, t->clear + inc));
+  if (t->clear < round.h_clear) return false;
+  t->flagged = false;
+  t->clear = 0;
+  t->cusum.fill(0);
+  t->count.fill(0);
+  t->effect_sum = 0;
+  t->effect_steps = 0;
+  return true;
+}
+
+// A test that held from its first step: the excess may have begun during the warm-up. The onset
+// is then the first of the contiguous recent scores at least half the estimated effect over.
+static void BackdateOnset(RankScores* r) {
+  const double half = r->busy.Effect() / 2;
+  for (size_t i = r->scores.size(); i-- > 0;) {
+    const Score& s = r->scores[i];
+    if (s.step > r->busy.since_step) continue;
+    if (s.busy / s.ref - 1 < half) break;
+    r->busy.since_step = s.step;
+  }
+}
 
 RankScores& StragglerState::Mutable(int rank, int window) {
-  if (static_cast<size_t>(rank) >= ranks_.size()) ranks_.resize(rank + 1);
+  if (static_cast<size_t>(rank) >= ranks_.size()) {
+    ranks_.resize(rank + 1);
+    slow_cluster_.resize(rank + 1);
+  }
   if (!ranks_[rank]) {
     ranks_[rank] = std::make_unique<RankScores>();
     ranks_[rank]->scores = Ring<Score>(window);
@@ -34,46 +196,168 @@ void StragglerDetector::OnStep(const JobView& view, const StepView& step, Detect
   }
 }
 
+bool StragglerDetector::SplitLevels(const std::vector<Entry>& es, StragglerState& st,
+                                    double min_effect) {
+  levels_.clear();
+  for (size_t k = 0; k < peers_.size(); ++k) {
+    const int rank = es[peers_[k]].rank;
+    st.SetSlowCluster(rank, false);
+    const RankScores* r = st.Of(rank);
+    if (r != nullptr && r->busy.level_steps >= kWarmupSteps) levels_.push_back({r->busy.level, k});
+  }
+  const size_t m = levels_.size();
+  if (m < 3) return false;
+  std::sort(levels_.begin(), levels_.end());
+  // Prefix sums of the sorted levels and their squares: any range's mean and spread in O(1).
+  prefix_.assign(m + 1, 0);
+  prefix_sq_.assign(m + 1, 0);
+  for (size_t i = 0; i < m; ++i) {
+    prefix_[i + 1] = prefix_[i] + levels_[i].first;
+    prefix_sq_[i + 1] = prefix_sq_[i] + static_cast<double>(levels_[i].first) * levels_[i].first;
+  }
+  auto ss = [&](size_t b, size_t e) {  // sum of squared deviations over [b, e)
+    const double sum = prefix_[e] - prefix_[b];
+    return std::max(0.0, prefix_sq_[e] - prefix_sq_[b] - sum * sum / (e - b));
+  };
+  // The split of [0, end), keeping at least half of all levels in the lower (fast) cluster, that
+  // separates the two clusters best (largest between-cluster variance), if they are separate
+  // enough; 0 when none is. Applied again to the fast cluster while it splits, so that with three
+  // classes of ranks the healthy group is the fastest, not the two fastest together.
+  auto split = [&](size_t end) -> size_t {
+    size_t best = 0;
+    double best_between = -1;
+    for (size_t j = (m + 1) / 2; j < end; ++j) {
+      const double gap = (prefix_[end] - prefix_[j]) / (end - j) - prefix_[j] / j;
+      const double between = static_cast<double>(j) * (end - j) * gap * gap;
+      if (between > best_between) {
+        best_between = between;
+        best = j;
+      }
+    }
+    if (best == 0 || end < 3) return 0;
+    const double within = std::sqrt((ss(0, best) + ss(best, end)) / std::max<size_t>(1, end - 2));
+    const double diff = (prefix_[end] - prefix_[best]) / (end - best) - prefix_[best] / best;
+    if (diff < kMinEffectShare * min_effect || diff < kClusterSeparation * within) return 0;
+    return best;
+  };
+  size_t fast = m;
+  for (size_t j = split(m); j > 0; j = split(fast)) fast = j;
+  if (fast == m) return false;
+  for (size_t i = fast; i < m; ++i) st.SetSlowCluster(es[peers_[levels_[i].second]].rank, true);
+  return true;
+}
+
+void StragglerDetector::ChooseHealthy(const std::vector<Entry>& es, const StragglerState& st,
+                                      bool split) {
+  const size_t n = peers_.size();
+  healthy_.assign(n, 1);
+  // The fast cluster when the levels split, else every peer. Leaving out only the ranks already
+  // flagged would cascade: each one left out lowers the median until the next rank of an evenly
+  // spread job is over it.
+  if (!split) return;
+  for (size_t k = 0; k < n; ++k) {
+    if (st.InSlowCluster(es[peers_[k]].rank)) healthy_[k] = 0;
+  }
+}
+
 void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, size_t begin,
                                    size_t end, StragglerState& st) {
   const EngineOptions& opt = view.options;
   const std::vector<Entry>& es = step.entries;
-  // Ranks whose split is unknown (step time only) say nothing about who is slower.
+  // Ranks whose split is unknown (step time only) say nothing about who is slower; a stale or
+  // forgotten entry is no evidence either.
   peers_.clear();
   for (size_t i = begin; i < end; ++i) {
-    if (!es[i].unknown_split) peers_.push_back(i);
+    if (!es[i].unknown_split && !es[i].stale && !es[i].forgotten && es[i].busy > 0) {
+      peers_.push_back(i);
+    }
   }
   const size_t n = peers_.size();
-  double ref = 0, ref_compute = 0, ref_data = 0, sigma = 0;
-  auto median_of = [&](double Entry::*field) {
-    scratch_.clear();
-    for (size_t i : peers_) scratch_.push_back(es[i].*field);
-    return MedianInPlace(scratch_);
-  };
-  if (n >= 3) {
-    ref = median_of(&Entry::busy);
-    for (double& v : scratch_) v = std::fabs(v - ref);
-    double mad = MedianInPlace(scratch_);
-    sigma = ref > 0 ? kMadToSigma * mad / ref : 0;
-    ref_compute = median_of(&Entry::compute);
-    ref_data = median_of(&Entry::data);
-  }
-  if (n >= 2) {
-    // Persistent differences between peers (heterogeneous hardware, uneven shards) inflate the
-    // spread across ranks but not the noise of a rank's own ratio over time, which is what the
-    // window mean has to beat. Once ranks have history, use the median over peers of that
-    // temporal noise. Two peers have no robust spread at all: until then the margins alone hold.
-    scratch_.clear();
-    for (size_t i : peers_) {
-      const RankScores* r = st.Of(es[i].rank);
-      const double k = r == nullptr ? 0 : r->scores.size();
-      if (2 * k < opt.straggler_window) continue;
-      const double mean = r->sum_ratio / k;
-      scratch_.push_back(std::sqrt(std::max(0.0, r->sum_ratio_sq / k - mean * mean)));
-    }
-    if (2 * scratch_.size() >= n) sigma = MedianInPlace(scratch_);
-  }
   if (n < 2) return;  // nobody to compare with
+  const double min_effect = opt.straggler_rel_margin;
+  StragglerState::Group& group = st.GroupOf(es[begin].group);
+  scratch_.clear();
+  for (size_t i : peers_) scratch_.push_back(es[i].busy);
+  const double all = MedianInPlace(scratch_);
+  // When the step's scale changed at once (a long data wait that dominated the step ended), the
+  // relative noise changed with it: the tests pause until the ranks' noise has been measured anew.
+  const bool rescaled = all > kRescaleRatio * group.scale || group.scale > kRescaleRatio * all;
+  const bool refresh =
+      !rescaled && (step.step - group.refreshed_step >= kRefreshSteps || group.peers != n);
+  // slow_ref: the slow cluster's median when the peers split. A rank of the fast cluster holds the
+  // job back only once it is slower than that: it is tested against it.
+  double ref = 0, ref_compute = 0, ref_data = 0, slow_ref = 0;
+  if (n >= 3) {
+    if (refresh) group.split = SplitLevels(es, st, min_effect);
+    ChooseHealthy(es, st, group.split);
+    auto healthy_median = [&](double Entry::*field) {
+      scratch_.clear();
+      for (size_t k = 0; k < n; ++k) {
+        if (healthy_[k]) scratch_.push_back(es[peers_[k]].*field);
+      }
+      return MedianInPlace(scratch_);
+    };
+    ref = healthy_median(&Entry::busy);
+    ref_compute = healthy_median(&Entry::compute);
+    ref_data = healthy_median(&Entry::data);
+    if (group.split) {
+      scratch_.clear();
+      for (size_t k = 0; k < n; ++k) {
+        if (!healthy_[k]) scratch_.push_back(es[peers_[k]].busy);
+      }
+      slow_ref = MedianInPlace(scratch_);
+    }
+  }
+  if (rescaled) {
+    group.sigma = -1;
+    group.refreshed_step = step.step;
+    group.scale = all;
+    group.spread_sum = 0;
+    group.spread_steps = 0;
+  } else if (refresh) {
+    group.sigma = PeerNoise(
+        n,
+        [&](size_t k) {
+          const RankScores* r = st.Of(es[peers_[k]].rank);
+          return r == nullptr ? nullptr : &r->busy;
+        },
+        &scratch_);
+    group.refreshed_step = step.step;
+    group.peers = n;
+    group.scale = all;
+  }
+  double sigma_measured = group.sigma;
+  if (sigma_measured < 0 && n >= kMinSpreadPeers) {
+    // Until the ranks' own noise is known (a new job, or a new regime), the spread across the
+    // healthy peers in the steps so far: it also holds their persistent differences, so it errs
+    // on the side of fewer flags.
+    scratch_.clear();
+    for (size_t k = 0; k < n; ++k) {
+      if (healthy_[k]) scratch_.push_back(std::fabs(es[peers_[k]].busy / ref - 1));
+    }
+    const double spread = kMadToSigma * MedianInPlace(scratch_);
+    group.spread_sum += spread * spread;
+    ++group.spread_steps;
+    if (group.spread_steps >= (n >= 2 * kMinSpreadPeers ? 2 : 4)) {
+      sigma_measured = kSpreadInflation * std::sqrt(group.spread_sum / group.spread_steps);
+    }
+  }
+  const size_t sections = view.job.section_names.size();
+  Round round;
+  round.step = step.step;
+  round.nanos = step.nanos;
+  round.h = std::log(static_cast<double>(n)) + std::log(1.0 / opt.straggler_false_alarm_per_step) +
+            std::log(static_cast<double>(SeriesTest::kBank)) +
+            std::log(1.0 + static_cast<double>(sections));
+  round.h_clear = std::log(1.0 / opt.straggler_clear_false_alarm);
+  round.abs_floor =
+      std::max(opt.straggler_abs_margin_seconds, opt.straggler_step_fraction * step.step_seconds);
+  std::optional<TestRound> test;
+  if (sigma_measured >= 0) {
+    test.emplace(std::max(sigma_measured, opt.straggler_noise_floor), min_effect, round.h,
+                 round.h_clear, round.abs_floor, round.step, round.nanos);
+  }
+  scored_.clear();
   for (size_t k = 0; k < n; ++k) {
     const Entry& e = es[peers_[k]];
     double rank_ref = ref, rank_ref_compute = ref_compute, rank_ref_data = ref_data;
@@ -87,65 +371,125 @@ void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, si
       rank_ref_data = other.data;
       waits_less = e.wait < other.wait;
     }
-    // A forgotten rank's entry (its node was removed since it reported) is no evidence either.
-    if (rank_ref <= 0 || e.stale || e.forgotten) continue;
+    if (rank_ref <= 0) continue;
     RankScores& r = st.Mutable(e.rank, opt.straggler_window);
+    if (n >= 3) {
+      // The rank's level against every peer, for the next split.
+      SeriesTest& t = r.busy;
+      if (t.level_steps < INT32_MAX) ++t.level_steps;
+      const double a = std::max(1.0 / t.level_steps, static_cast<double>(kLevelMemory));
+      t.level += static_cast<float>(a * (e.busy / all - 1 - t.level));
+    }
     Score sc;
     sc.step = step.step;
-    sc.busy = e.busy;
-    sc.ref = rank_ref;
-    sc.compute = e.compute;
-    sc.ref_compute = rank_ref_compute;
-    sc.data = e.data;
-    sc.ref_data = rank_ref_data;
-    sc.sigma = sigma;
-    sc.over = e.busy / rank_ref - 1 > opt.straggler_rel_margin && waits_less;
+    sc.busy = static_cast<float>(e.busy);
+    sc.ref = static_cast<float>(rank_ref);
+    sc.compute = static_cast<float>(e.compute);
+    sc.ref_compute = static_cast<float>(rank_ref_compute);
+    sc.data = static_cast<float>(e.data);
+    sc.ref_data = static_cast<float>(rank_ref_data);
     sc.split = e.split;
     Score old;
-    if (r.scores.Push(sc, &old)) {
-      r.sum_ratio -= old.busy / old.ref;
-      r.sum_excess -= old.busy - old.ref;
-      r.sum_sigma -= old.sigma;
-      r.sum_ratio_sq -= (old.busy / old.ref) * (old.busy / old.ref);
-      r.over_count -= old.over ? 1 : 0;
-    }
+    if (r.scores.Push(sc, &old)) r.sum_ratio -= old.busy / old.ref;
     r.sum_ratio += sc.busy / sc.ref;
-    r.sum_excess += sc.busy - sc.ref;
-    r.sum_sigma += sc.sigma;
-    r.sum_ratio_sq += (sc.busy / sc.ref) * (sc.busy / sc.ref);
-    r.over_count += sc.over ? 1 : 0;
-    const bool was = r.flagged;
-    Evaluate(opt, r, step.step, step.nanos, step.step_seconds);
-    if (was != r.flagged) st.flags_changed = true;
+    const double rel = e.busy / rank_ref - 1;
+    const double paced_ref = slow_ref > 0 && !st.InSlowCluster(e.rank) ? slow_ref : rank_ref;
+    const double paced_rel = e.busy / paced_ref - 1;
+    const double abs = e.busy - paced_ref;
+    if (test) {
+      // A busier rank that did not wait less is not the one the other waited for.
+      const double tested = waits_less ? paced_rel : std::min(paced_rel, 0.0);
+      const bool changed =
+          UpdateSeriesTest(tested, waits_less ? abs : std::min(abs, 0.0), *test, &r.busy);
+      if (changed && r.busy.flagged && r.busy.since_step == r.busy.tested_from) BackdateOnset(&r);
+    }
+    ObserveNoise(rel, &r.busy);
+    if (sections == 0) {
+      UpdateRankFlag(&r, &st);
+    } else {
+      scored_.push_back(&r);
+    }
   }
+  if (sections == 0) return;
+  ScoreSections(view, es, round, st);
+  for (RankScores* r : scored_) UpdateRankFlag(r, &st);
 }
 
-void StragglerDetector::Evaluate(const EngineOptions& opt, RankScores& r, int64_t step,
-                                 int64_t nanos, double step_seconds) {
-  const double n = r.scores.size();
-  if (r.flagged) ++r.flagged_steps;
-  if (static_cast<int>(n) < opt.straggler_window) return;
-  const double rel = r.sum_ratio / n - 1;
-  const double excess = r.sum_excess / n;
-  const double margin =
-      std::max(opt.straggler_rel_margin, opt.straggler_noise_z * (r.sum_sigma / n) / std::sqrt(n));
-  const double abs_margin =
-      std::max(opt.straggler_abs_margin_seconds, opt.straggler_step_fraction * step_seconds);
-  if (!r.flagged) {
-    if (rel > margin && excess > abs_margin && r.over_count > opt.straggler_over_share * n) {
-      r.flagged = true;
-      r.flagged_steps = 0;
-      // The episode began at the first over-margin step of the current run in the window.
-      r.flagged_since_step = step;
-      r.flagged_since_nanos = nanos;
-      for (size_t i = r.scores.size(); i-- > 0;) {
-        if (!r.scores[i].over) break;
-        r.flagged_since_step = r.scores[i].step;
+void StragglerDetector::UpdateRankFlag(RankScores* r, StragglerState* st) {
+  // A rank is flagged while its busy time or any of its sections is.
+  bool now = r->busy.flagged;
+  int64_t since = r->busy.flagged ? r->busy.since_step : INT64_MAX;
+  int64_t since_nanos = r->busy.since_nanos;
+  for (const SeriesTest& t : r->sections) {
+    if (!t.flagged) continue;
+    now = true;
+    if (t.since_step < since) {
+      since = t.since_step;
+      since_nanos = t.since_nanos;
+    }
+  }
+  if (r->flagged) ++r->flagged_steps;
+  if (now && !r->flagged) {
+    r->flagged_steps = 0;
+    r->flagged_since_step = since;
+    r->flagged_since_nanos = since_nanos;
+  }
+  if (now != r->flagged) st->flags_changed = true;
+  r->flagged = now;
+}
+
+void StragglerDetector::ScoreSections(const JobView& view, const std::vector<Entry>& es,
+                                      const Round& round, StragglerState& st) {
+  const EngineOptions& opt = view.options;
+  const double min_effect = opt.straggler_rel_margin;
+  const size_t sections = view.job.section_names.size();
+  struct Value {
+    RankScores* rank;
+    float seconds;
+  };
+  std::vector<Value> values;
+  for (size_t s = 0; s < sections; ++s) {
+    values.clear();
+    for (size_t i : peers_) {
+      const Entry& e = es[i];
+      for (const auto& [index, seconds] : e.sections) {
+        if (index != s) continue;
+        RankScores& r = st.Mutable(e.rank, opt.straggler_window);
+        if (r.sections.size() < sections) r.sections.resize(sections);
+        values.push_back({&r, seconds});
       }
     }
-  } else if (rel < margin * opt.straggler_clear_share ||
-             excess < abs_margin * opt.straggler_clear_share) {
-    r.flagged = false;
+    const size_t m = values.size();
+    if (m < 2) continue;
+    double ref = 0;
+    if (m >= 3) {
+      // The median of the peers not flagged in this section (while those are at most half).
+      scratch_.clear();
+      for (const Value& v : values) {
+        const SeriesTest& t = v.rank->sections[s];
+        if (!(t.flagged && t.Effect() >= min_effect)) scratch_.push_back(v.seconds);
+      }
+      if (2 * scratch_.size() < m) {
+        scratch_.clear();
+        for (const Value& v : values) scratch_.push_back(v.seconds);
+      }
+      ref = MedianInPlace(scratch_);
+    }
+    const double sigma_measured = PeerNoise(
+        m, [&](size_t k) { return &values[k].rank->sections[s]; }, &scratch_);
+    std::optional<TestRound> test;
+    if (sigma_measured >= 0) {
+      test.emplace(std::max(sigma_measured, opt.straggler_noise_floor), min_effect, round.h,
+                   round.h_clear, round.abs_floor, round.step, round.nanos);
+    }
+    for (size_t k = 0; k < m; ++k) {
+      const double rank_ref = m == 2 ? values[1 - k].seconds : ref;
+      if (rank_ref <= 0) continue;
+      SeriesTest& t = values[k].rank->sections[s];
+      const double rel = values[k].seconds / rank_ref - 1;
+      if (test) UpdateSeriesTest(rel, values[k].seconds - rank_ref, *test, &t);
+      ObserveNoise(rel, &t);
+    }
   }
 }
 
@@ -177,11 +521,22 @@ void StragglerDetector::Attribute(const JobView& view, int rank, const RankScore
                                   const GpuInfo* g, Finding* f) {
   const RankInfo& r = view.job.ranks[rank];
   SplitOf(sc, &f->evidence);
+  // The section flagged with the largest excess, when the busy time alone is not flagged.
+  if (!sc.busy.flagged) {
+    double best = 0;
+    for (size_t s = 0; s < sc.sections.size() && s < view.job.section_names.size(); ++s) {
+      const SeriesTest& t = sc.sections[s];
+      if (!t.flagged || t.Effect() <= best) continue;
+      best = t.Effect();
+      f->evidence.section = view.job.section_names[s];
+      f->evidence.section_vs_reference_ratio = 1 + t.Effect();
+    }
+  }
   DeviceEvidence dev;
   dev.rank = rank;
   const std::vector<Cause> causes =
       DeviceCauses(g, view.registry.hosts(), r.node, view.options, &dev);
-  if (f->evidence.data_excess_seconds) {
+  if (f->evidence.data_excess_seconds && !f->evidence.section) {
     f->causes.push_back(Cause::kDataLoading);
     for (Cause c : causes) AddCause(c, &f->causes);
   } else if (!causes.empty()) {
@@ -229,7 +584,7 @@ void StragglerDetector::AnnotateRank(const JobView&, const DetectorState* state,
   const RankScores* sc = static_cast<const StragglerState*>(state)->Of(rank);
   // Scores exist only where the rank had a peer to compare with and its split was known.
   out->comparable = sc != nullptr && !sc->scores.empty();
-  if (out->comparable) out->busy_vs_median_ratio = sc->sum_ratio / sc->scores.size();
+  if (out->comparable) out->busy_vs_median_ratio = sc->MeanRatio();
   out->straggler = sc != nullptr && sc->flagged;
 }
 

@@ -1,7 +1,26 @@
 // Stragglers: a rank busier than its peers (the same pipeline stage and tensor rank, or the whole
-// job) over a window of steps, with noise-scaled margins and hysteresis.
+// job), in its busy time or in one named section, judged by sequential tests whose evidence
+// accumulates with the steps observed.
+//
+// Each step, every rank's relative excess x = value / reference - 1 is scored, where the
+// reference is the median of the healthy peers: the fast cluster when the peers split into two
+// clearly separated groups (so that up to half of them may be slow together), else every peer but
+// those already flagged. x feeds a bank of CUSUM statistics, one per assumed effect d (1, 2, 4, 8,
+// 16 x the minimum effect): each adds d / sigma^2 x (x - d / 2) per step, the log-likelihood ratio
+// of "d slower" against "as fast as the peers" under Gaussian noise of sigma, the median over
+// peers of each rank's own noise. The bank is within about 10% of the test tuned to the true
+// effect, whatever it is, so the steps to detection scale with (noise / effect)^2. Wald's bound
+// keeps the rate of false crossings under exp(-h) per statistic and step: h = log(peers x series x
+// bank / false_alarm_per_step) holds the job's false flags per step under the budget however many
+// ranks it has. One step adds at most h / 2, so no single outlier flags a rank. The change point
+// is the step after the crossing statistic last stood at zero.
 #pragma once
 
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,31 +30,63 @@
 
 namespace stepwatch::analysis {
 
-// One step's comparison of a rank with its peers.
+// One step's comparison of a rank's busy time with its peers' reference (the finding's evidence).
 struct Score {
   int64_t step = 0;
   float busy = 0, ref = 0;
   float compute = 0, ref_compute = 0;
   float data = 0, ref_data = 0;
-  float sigma = 0;  // robust relative noise of the peer group in this step
-  bool over = false;
   bool split = false;
 };
 
-// One rank's scores over the window and its flag.
+// The sequential test of one series (busy time, or one named section) of one rank.
+struct SeriesTest {
+  static constexpr int kBank = 5;
+  // Temporal noise of the relative excess, exponentially weighted, from differences of steps one
+  // apart (over tens of steps, and over the last few: a job whose noise grows at once, as when a
+  // long data wait that dominated the step ends, must not be judged by the older, smaller noise)
+  // and kNoiseLag apart; the last kNoiseLag excesses (by observed % kNoiseLag).
+  static constexpr int32_t kNoiseLag = 8;
+  float var = 0, var_recent = 0, var_lagged = 0;
+  std::array<float, kNoiseLag> recent{};
+  float Noise() const { return std::sqrt(std::max({var, var_recent, var_lagged})); }
+  int32_t observed = 0;
+  // Long-memory mean of the series against the median of all peers: how the split into a fast and
+  // a slow cluster sees the rank.
+  float level = 0;
+  int32_t level_steps = 0;
+  std::array<float, kBank> cusum{};
+  // Since each statistic last stood at zero: summed relative and absolute excess, steps, start.
+  std::array<float, kBank> sum_rel{};
+  std::array<float, kBank> sum_abs{};
+  std::array<int32_t, kBank> count{};
+  std::array<int64_t, kBank> start_step{};
+  std::array<int64_t, kBank> start_nanos{};
+  int64_t tested_from = -1;  // the first step tested (after the warm-up)
+  // While flagged: the clearing statistic and the mean excess since the change point.
+  bool flagged = false;
+  float clear = 0;
+  double effect_sum = 0;
+  int64_t effect_steps = 0;
+  int64_t since_step = 0;
+  int64_t since_nanos = 0;
+
+  double Effect() const { return effect_steps > 0 ? effect_sum / effect_steps : 0; }
+};
+
+// One rank's tests and recent scores.
 struct RankScores {
   Ring<Score> scores;
-  double sum_ratio = 0;
-  double sum_excess = 0;
-  double sum_sigma = 0;
-  double sum_ratio_sq = 0;
-  int over_count = 0;
+  double sum_ratio = 0;  // of busy / ref over `scores`
+  SeriesTest busy;
+  // By the job's section index; empty until the rank reports a section.
+  std::vector<SeriesTest> sections;
   bool flagged = false;
   int64_t flagged_since_step = 0;
   int64_t flagged_since_nanos = 0;
   int64_t flagged_steps = 0;
 
-  // Mean busy / peers' busy over the window (0 without scores).
+  // Mean busy / reference over the recent scores (0 without scores).
   double MeanRatio() const { return sum_ratio / std::max<size_t>(1, scores.size()); }
 };
 
@@ -47,19 +98,47 @@ class StragglerState : public DetectorState {
   }
   RankScores& Mutable(int rank, int window);
   void Erase(int rank) {
-    if (static_cast<size_t>(rank) < ranks_.size()) ranks_[rank].reset();
+    if (static_cast<size_t>(rank) >= ranks_.size()) return;
+    ranks_[rank].reset();
+    slow_cluster_[rank] = 0;
+  }
+
+  // Whether a rank was in the slow cluster of its group's last split (left out of the reference),
+  // by rank: dense, as it is read for every peer each step.
+  bool InSlowCluster(int rank) const {
+    return static_cast<size_t>(rank) < slow_cluster_.size() && slow_cluster_[rank];
+  }
+  void SetSlowCluster(int rank, bool on) {
+    if (static_cast<size_t>(rank) < slow_cluster_.size()) slow_cluster_[rank] = on;
   }
 
   // Some rank's flag changed in the last step.
   bool flags_changed = false;
 
+  // What a peer group recomputes every few steps only (both change slowly): the split of its
+  // busy levels into a fast and a slow cluster, and its busy noise.
+  struct Group {
+    int64_t refreshed_step = INT64_MIN;
+    size_t peers = 0;
+    bool split = false;
+    double sigma = -1;
+    double scale = 0;  // the peers' median busy time then
+    // Squared spread across the healthy peers, summed over the steps since the group started or
+    // was rescaled (the noise until the ranks' own is known).
+    double spread_sum = 0;
+    int spread_steps = 0;
+  };
+  Group& GroupOf(int64_t group) { return groups_[group]; }
+
  private:
   // By rank, up to the highest rank scored: a sample claiming a huge world size costs nothing
   // here until its ranks report full steps.
   std::vector<std::unique_ptr<RankScores>> ranks_;
+  std::vector<uint8_t> slow_cluster_;
+  std::map<int64_t, Group> groups_;
 };
 
-// A rank's split against its peers over the window: busy and compute vs the peers' median, and
+// A rank's split against its peers over the recent scores: busy and compute vs the reference, and
 // the data-loading excess per step where the excess lies in data loading rather than compute.
 void SplitOf(const RankScores& r, Evidence* e);
 
@@ -77,15 +156,52 @@ class StragglerDetector : public Detector {
                     RankSnapshot* out) const override;
 
  private:
+  // What the tests of one step of one peer group share.
+  struct Round {
+    int64_t step = 0;
+    int64_t nanos = 0;
+    double h = 0;          // flag threshold
+    double h_clear = 0;    // clear threshold
+    double abs_floor = 0;  // seconds
+  };
   void ScoreGroup(const JobView& view, const StepView& step, size_t begin, size_t end,
                   StragglerState& st);
-  static void Evaluate(const EngineOptions& opt, RankScores& r, int64_t step, int64_t nanos,
-                       double step_seconds);
+  // Splits the peers' busy levels into a fast and a slow cluster when they are clearly separate
+  // (RankScores::slow_cluster); false when they are not.
+  bool SplitLevels(const std::vector<Entry>& es, StragglerState& st, double min_effect);
+  // Marks in healthy_ (by position in peers_) the fast cluster when the levels split, else every
+  // peer.
+  void ChooseHealthy(const std::vector<Entry>& es, const StragglerState& st, bool split);
+  // The rank's flag from its series' (busy time and sections).
+  static void UpdateRankFlag(RankScores* r, StragglerState* st);
+  void ScoreSections(const JobView& view, const std::vector<Entry>& es, const Round& round,
+                     StragglerState& st);
   static void Attribute(const JobView& view, int rank, const RankScores& r, const GpuInfo* g,
                         Finding* f);
 
   std::vector<double> scratch_;
   std::vector<size_t> peers_;
+  std::vector<char> healthy_;
+  std::vector<std::pair<float, size_t>> levels_;
+  std::vector<double> prefix_, prefix_sq_;
+  std::vector<RankScores*> scored_;
 };
+
+// What every test of one peer group shares in one step: the thresholds and, from the peers'
+// noise, each statistic's increment per unit of excess, its drift and its clipping bounds.
+struct TestRound {
+  TestRound(double sigma, double min_effect, double h, double h_clear, double abs_floor,
+            int64_t step, int64_t nanos);
+  double min_effect, h, h_clear, abs_floor;
+  int64_t step, nanos;
+  // The bank's statistics, then the clearing test's.
+  std::array<double, SeriesTest::kBank + 1> coef, half, lo, hi;
+};
+
+// Updates `t` with one step's relative excess `rel` (and `abs` seconds); true when its flag
+// changed. Exposed for tests of the statistics alone.
+bool UpdateSeriesTest(double rel, double abs, const TestRound& round, SeriesTest* t);
+// Folds one step's relative excess into the series' own noise estimate.
+void ObserveNoise(double rel, SeriesTest* t);
 
 }  // namespace stepwatch::analysis

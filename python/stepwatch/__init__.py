@@ -9,12 +9,15 @@
                 loss.backward()
             with stepwatch.phase("comm"):
                 sync_gradients()
+            with stepwatch.phase("optimizer"):  # a named section: counts as compute too
+                optimizer.step()
 
 Each step becomes one JSON datagram (the stepwatch StepEvent) on the agent's Unix socket
 ($STEPWATCH_SOCKET, default /run/stepwatch/agent.sock). Job, rank and world size come from the
 launcher's environment unless given to configure(). Sending never blocks and never raises: when the
 agent is absent or busy the event is dropped, counted (get_reporter().dropped) and one warning is
-logged on the "stepwatch" logger.
+logged on the "stepwatch" logger. The one exception is a programming error: phase() with a name
+the agent would refuse raises ValueError at its first use.
 
 For PyTorch DDP, stepwatch.torch.watch(model, dataloader) does all of this without touching the
 loop.
@@ -88,7 +91,8 @@ def step(samples=None, step=None):
 
 
 def phase(name):
-    """`with stepwatch.phase("data" | "compute" | "comm"):` times a phase of the current step."""
+    """`with stepwatch.phase("data" | "compute" | "comm"):` times a phase of the current step;
+    any other name (`"forward"`, `"backward"`, ...) a named section (see Reporter.phase)."""
     return (_default or get_reporter()).phase(name)
 
 

@@ -16,6 +16,15 @@ MAX_WORLD_SIZE = 1 << 20
 MAX_GPU_INDEX = 1023
 MAX_INT32 = (1 << 31) - 1
 MAX_INT64 = (1 << 63) - 1
+# "sections": at most MAX_SECTIONS named sections per event, each name 1 to MAX_SECTION_NAME_BYTES
+# bytes of SECTION_NAME_CHARACTERS and none of RESERVED_SECTION_NAMES (the built-in phases); values
+# 0 to MAX_SECONDS.
+MAX_SECTIONS = 16
+MAX_SECTION_NAME_BYTES = 64
+SECTION_NAME_CHARACTERS = frozenset(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:/-"
+)
+RESERVED_SECTION_NAMES = ("data", "compute", "comm")
 
 # name -> (alias, type, required, min, max, min_exclusive, part_of_step), in the datagram's order.
 FIELDS = {
@@ -33,6 +42,7 @@ FIELDS = {
     "dp_rank": ("dpRank", "integer", False, 0, MAX_INT32, False, True),
     "pp_stage": ("ppStage", "integer", False, 0, MAX_INT32, False, True),
     "tp_rank": ("tpRank", "integer", False, 0, MAX_INT32, False, True),
+    "sections": ("sections", "object", False, 0.0, MAX_SECONDS, False, True),
     "dropped": ("dropped", "integer", False, 0, MAX_INT64, False, False),
 }
 
@@ -63,6 +73,44 @@ def int_error(name, value):
         return "%s must be >= %d, got %d" % (name, low, value)
     if value > high:
         return "%s must be <= %d, got %d" % (name, high, value)
+    return None
+
+
+def section_name_error(name):
+    """Why the agent would refuse `name` as a section name (None when it would not)."""
+    if not isinstance(name, str):
+        return "a section name must be a str, got %r" % (name,)
+    if not name:
+        return "a section name must not be empty"
+    if len(name) > MAX_SECTION_NAME_BYTES:
+        return "section name %r is over %d bytes" % (name, MAX_SECTION_NAME_BYTES)
+    for i, ch in enumerate(name):
+        if ch not in SECTION_NAME_CHARACTERS:
+            return "section name %r has %r at index %d: only A-Za-z0-9_.:/- are allowed" % (
+                name, ch, i)
+    if name in RESERVED_SECTION_NAMES:
+        return "section name %r is a built-in phase (reported as %s_s), not a section" % (
+            name, name)
+    return None
+
+
+def sections_error(sections):
+    """Why the agent would refuse `sections`, a mapping of name -> seconds (None when it would
+    not)."""
+    try:
+        items = list(sections.items())
+    except Exception:
+        return "sections must be a mapping of name -> seconds, got %r" % (sections,)
+    if len(items) > MAX_SECTIONS:
+        return "%d sections, the limit is %d" % (len(items), MAX_SECTIONS)
+    for name, value in items:
+        error = section_name_error(name)
+        if error:
+            return error
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return "section %s: %r is not a number" % (name, value)
+        if not 0.0 <= value <= MAX_SECONDS:
+            return "section %s: %r must be >= 0 and at most %g" % (name, value, MAX_SECONDS)
     return None
 
 

@@ -11,7 +11,11 @@ The send path is built for the inside of a training loop (a few microseconds per
 it the kernel's send()): the constant part of the JSON object is formatted once, a full event is
 one %-format operation, the socket stays connected and non-blocking, and every failure (agent not
 running, its queue full, anything else) drops the event, counts it and logs a single warning.
-Nothing here raises into the caller once the Reporter exists.
+Nothing here raises into the caller once the Reporter exists, except phase() given a section name
+the agent would refuse: a programming error, raised at its first use.
+
+Named sections (phase("forward"), any valid name other than the three phases) go out in the
+event's "sections" object; a step that has none keeps the fast path below unchanged.
 
 Durations measured by step()/phase() are kept as integer nanoseconds (time.perf_counter_ns) and
 written as JSON numbers with an exponent, `"compute_s":81234567e-9`: exact, and about three times
@@ -56,6 +60,9 @@ _BUSY = "the stepwatch agent is busy (its socket queue is full)"
 _MAX_S = _rules.MAX_SECONDS
 _MAX_NS = int(_rules.MAX_SECONDS) * 1000000000
 _MAX_I64 = _rules.MAX_INT64
+_MAX_SECTIONS = _rules.MAX_SECTIONS
+# Section names send() has already checked (bounded: dynamic names are checked every time after).
+_MAX_CHECKED_SECTION_NAMES = 1024
 # The clocks, looked up as module globals on every use so that tests can replace them.
 _perf_counter = time.perf_counter  # reconnect pacing
 _perf_counter_ns = time.perf_counter_ns  # step and phase durations
@@ -150,17 +157,22 @@ class Reporter:
         self.last_error = None
         # Step/phase scopes: reused, so that entering one allocates nothing.
         self._step_scope = _StepScope(self)
+        # phase() looks every name up here: the three phases, then each section once it was used.
         self._phase_scopes = dict(zip(PHASES, self._step_scope.phases))
-        self._phase_warned = False
+        self._section_count = 0
+        self._checked_sections = set()
         self._nest_warned = False
 
     # ------------------------------------------------------------------ sending
 
-    def send(self, step, step_s, data_s=None, compute_s=None, comm_s=None, samples=None):
+    def send(self, step, step_s, data_s=None, compute_s=None, comm_s=None, samples=None,
+             sections=None):
         """Sends one step event. Returns True when the datagram left, False when it was dropped.
 
-        Values the agent would refuse (docs/step-event.md: step < 0, step_s <= 0, a negative,
-        non-finite or over-a-day duration, ...) drop the event.
+        `sections`: a mapping of section name -> seconds (the event's "sections"), sent in its
+        order. Values the agent would refuse (docs/step-event.md: step < 0, step_s <= 0, a
+        negative, non-finite or over-a-day duration, more than 16 sections, a section name
+        outside [A-Za-z0-9_.:/-]{1,64} or one of data/compute/comm, ...) drop the event.
         """
         sock = self._sock
         if sock is None:
@@ -214,6 +226,12 @@ class Reporter:
                         return self._drop("invalid samples %r" % (samples,))
                     data += b',"samples":%d' % samples
                 data += b"}"
+            if sections is not None:
+                encoded = self._encode_sections(sections)
+                if encoded is None:
+                    return self._drop("invalid sections: %s" % (
+                        _rules.sections_error(sections) or "cannot format %r" % (sections,)))
+                data = data[:-1] + encoded + b"}"
         except Exception as exc:  # a wrong type from the caller: never raise into the loop
             return self._drop("cannot format step event: %r" % (exc,))
 
@@ -231,8 +249,30 @@ class Reporter:
             self._unreported -= pending
         return True
 
-    def _send_ns(self, step, step_ns, data_ns, compute_ns, comm_ns, samples):
-        """send() for the step scope: durations in integer nanoseconds, 0 meaning absent."""
+    def _encode_sections(self, sections):
+        """`,"sections":{...}` for send(); None when the agent would refuse them."""
+        try:
+            if len(sections) > _MAX_SECTIONS:
+                return None
+            checked = self._checked_sections
+            parts = []
+            for name, value in sections.items():
+                if name not in checked:
+                    if _rules.section_name_error(name) is not None:
+                        return None
+                    if len(checked) < _MAX_CHECKED_SECTION_NAMES:
+                        checked.add(name)
+                if isinstance(value, bool) or not 0.0 <= value <= _MAX_S:
+                    return None
+                # A checked name is plain ASCII that needs no escaping.
+                parts.append(b'"%s":%r' % (name.encode("ascii"), float(value)))
+        except Exception:
+            return None
+        return b',"sections":{' + b",".join(parts) + b"}"
+
+    def _send_ns(self, step, step_ns, data_ns, compute_ns, comm_ns, samples, sections=None):
+        """send() for the step scope: durations in integer nanoseconds, 0 meaning absent;
+        `sections` the already formatted members of "sections" (None: none)."""
         sock = self._sock
         if sock is None:
             sock = self._connect()
@@ -257,6 +297,8 @@ class Reporter:
                 if not 0 <= samples <= _MAX_I64:
                     return self._drop("invalid samples %r" % (samples,))
                 data += b',"samples":%d' % samples
+            if sections is not None:
+                data += b',"sections":{' + sections + b"}"
             data += b"}"
         except Exception as exc:
             return self._drop("cannot format step event: %r" % (exc,))
@@ -386,21 +428,41 @@ class Reporter:
         return scope
 
     def phase(self, name):
-        """Context manager timing a phase ("data", "compute" or "comm") of the current step.
+        """Context manager timing a phase ("data", "compute" or "comm") or a named section
+        ("forward", "backward", "optimizer", ...) of the current step.
 
         Phases nest: time in an inner phase is not counted in the outer one. A phase outside any
         step (typically fetching the next batch) belongs to the next step, which then starts when
         that phase started.
+
+        Any other name is a section, reported in the event's "sections": its time counts toward
+        compute_s unless it is entered inside a data or comm phase (it is then that phase's time),
+        and its own time leaves out the data and comm phases inside it; a section inside another
+        counts in both; uses of one name in a step add up.
+
+        Raises ValueError for a name the agent would refuse (1 to 64 characters of
+        A-Za-z0-9_.:/-) and for a 17th section name on this reporter: a programming error, raised
+        at its first use, never an event lost in silence. Nothing else here raises.
         """
         try:
             return self._phase_scopes[name]
         except (KeyError, TypeError):
-            if not self._phase_warned:
-                self._phase_warned = True
-                self._log.warning(
-                    "stepwatch: unknown phase %r ignored (expected one of %s)", name, PHASES
-                )
-            return _NULL_SCOPE
+            return self._new_section(name)
+
+    def _new_section(self, name):
+        """The scope of section `name`, created on its first use (the slow path of phase())."""
+        error = _rules.section_name_error(name)
+        if error is not None:
+            raise ValueError("stepwatch.phase(): " + error)
+        if self._section_count >= _MAX_SECTIONS:
+            raise ValueError(
+                "stepwatch.phase(%r): a reporter has at most %d section names (the agent's limit "
+                "per event, and the collector keeps %d per job)" % (
+                    name, _MAX_SECTIONS, _MAX_SECTIONS))
+        scope = _SectionScope(self._step_scope, name)
+        self._section_count += 1
+        self._phase_scopes[name] = scope
+        return scope
 
 
 def _open(kind, path, raise_error=False):
@@ -435,7 +497,7 @@ class _StepScope:
 
     __slots__ = (
         "_rep", "samples", "step", "_active", "_start", "_next", "phases", "cur", "waiting",
-        "pending",
+        "pending", "used", "open",
     )
 
     def __init__(self, rep):
@@ -449,6 +511,9 @@ class _StepScope:
         self.cur = None
         self.waiting = True
         self.pending = None
+        # Sections entered since the last step ended (in order of first use), and those open now.
+        self.used = []
+        self.open = []
 
     def __enter__(self):
         now = _perf_counter_ns()
@@ -472,6 +537,8 @@ class _StepScope:
             # A phase that encloses the step: its time so far is this step's, the rest the next's.
             cur.acc += end - cur.t0
             cur.t0 = self.pending = end
+        # Before the phases restart from 0: open sections take their time from them.
+        sections = self._take_sections() if self.used else None
         data, compute, comm = self.phases
         data_ns, compute_ns, comm_ns = data.acc, compute.acc, comm.acc
         data.acc = compute.acc = comm.acc = 0
@@ -497,6 +564,7 @@ class _StepScope:
                 and 0 <= step <= _MAX_I64
                 and step_ns <= _MAX_NS
                 and not rep._unreported
+                and sections is None
             )
             if fast:
                 if samples is None:
@@ -510,8 +578,8 @@ class _StepScope:
         except Exception:
             fast = False  # a step number or sample count that is not a number
         if not fast:
-            # Fewer phases, or an invalid value (_send_ns drops it and warns once).
-            rep._send_ns(step, step_ns, data_ns, compute_ns, comm_ns, samples)
+            # Fewer phases, sections, or an invalid value (_send_ns drops it and warns once).
+            rep._send_ns(step, step_ns, data_ns, compute_ns, comm_ns, samples, sections)
             return False
         try:
             sock.send(data)
@@ -527,6 +595,96 @@ class _StepScope:
             rep._send_failed(sock, err)
             return False
         rep.sent += 1
+        return False
+
+
+    def _take_sections(self):
+        """The members of this step's "sections" (bytes; None when none had any time), and a
+        fresh start for the next step.
+
+        A section still open at the end of the step (it encloses the step) gives this step its
+        time so far and keeps the rest for the next one, as a phase does."""
+        for section in self.open:
+            section.acc += section.phase.acc - section.base
+            section.base = 0  # the phases restart from 0
+        parts = []
+        for section in self.used:
+            if section.acc:
+                parts.append(section.key % section.acc)
+            section.acc = 0
+            section.listed = False
+        for section in self.open:
+            section.listed = True
+        self.used = list(self.open)
+        return b",".join(parts) if parts else None
+
+
+class _SectionScope:
+    """The phase() context of one section name of one Reporter, reused like a phase's.
+
+    A section is not a phase of the step's split: it runs in the phase it was entered in (compute
+    when entered outside any phase, which it then enters itself, so that phases inside it pause
+    it), and its time is that phase's time while it is open. `acc` is its time in the current step,
+    `phase` the phase it runs in, `base` that phase's `acc` when it was entered, `depth` how deep
+    it is inside itself (only the outermost counts), `entered` whether it entered compute itself,
+    `listed` whether it is in the step scope's `used`.
+    """
+
+    __slots__ = ("_st", "key", "acc", "base", "phase", "depth", "entered", "listed")
+
+    def __init__(self, step_scope, name):
+        self._st = step_scope
+        # The member as a format: name:nanoseconds (a valid name needs no JSON escaping).
+        self.key = b'"%s":%%de-9' % name.encode("ascii")
+        self.acc = 0
+        self.base = 0
+        self.phase = None
+        self.depth = 0
+        self.entered = False
+        self.listed = False
+
+    def __enter__(self):
+        if self.depth:
+            self.depth += 1
+            return self
+        self.depth = 1
+        st = self._st
+        cur = st.cur
+        if cur is None:
+            cur = st.phases[1]  # compute
+            cur.__enter__()
+            self.entered = True
+        else:
+            now = _perf_counter_ns()
+            cur.acc += now - cur.t0  # bring the phase's count up to now
+            cur.t0 = now
+            self.entered = False
+        self.phase = cur
+        self.base = cur.acc
+        if not self.listed:
+            self.listed = True
+            st.used.append(self)
+        st.open.append(self)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.depth -= 1
+        if self.depth:
+            return False
+        st = self._st
+        phase = self.phase
+        if self.entered:
+            phase.__exit__(None, None, None)
+        elif st.cur is phase:
+            now = _perf_counter_ns()
+            phase.acc += now - phase.t0
+            phase.t0 = now
+        self.acc += phase.acc - self.base
+        opened = st.open
+        if opened and opened[-1] is self:
+            opened.pop()
+        else:
+            opened.remove(self)
         return False
 
 

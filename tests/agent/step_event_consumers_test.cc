@@ -40,12 +40,13 @@ bool ToSample(const test::StepEventCase& c, analysis::StepEvent* s) {
   s->dp_rank = narrow(f.dp_rank);
   s->pp_stage = narrow(f.pp_stage);
   s->tp_rank = narrow(f.tp_rank);
+  s->sections.assign(f.sections.begin(), f.sections.end());
   return true;
 }
 
 TEST(StepEventConsumersTest, AnalysisAndSimulatorFollowTheRules) {
   const std::vector<test::StepEventCase> cases = test::LoadStepEventCases();
-  ASSERT_GE(cases.size(), 40u);
+  ASSERT_GE(cases.size(), 70u);
   int checked = 0;
   for (const test::StepEventCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -69,6 +70,10 @@ TEST(StepEventConsumersTest, AnalysisAndSimulatorFollowTheRules) {
       EXPECT_EQ(e.step(), sample.step);
       EXPECT_NEAR(e.step_seconds(), sample.step_seconds, sample.step_seconds * 1e-8);
       EXPECT_EQ(e.has_pp_stage(), sample.pp_stage.has_value());
+      ASSERT_EQ(static_cast<size_t>(e.sections_size()), sample.sections.size());
+      for (const auto& [name, seconds] : sample.sections) {
+        EXPECT_NEAR(e.sections().at(name), seconds, seconds * 1e-8) << name;
+      }
     }
   }
   EXPECT_GE(checked, static_cast<int>(cases.size()) - 4);

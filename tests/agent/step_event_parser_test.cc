@@ -3,6 +3,7 @@
 #include <set>
 #include <string>
 
+#include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "tests/data/step_event_cases.h"
 
@@ -115,6 +116,87 @@ TEST(StepEventParserTest, AcceptsUnicodeJob) {
             "b-\xf0\x9f\x9a\x80");
 }
 
+TEST(StepEventParserTest, AcceptsSections) {
+  for (bool fast : {true, false}) {
+    SCOPED_TRACE(fast);
+    const std::string datagram =
+        std::string(kValid).substr(0, sizeof(kValid) - 2) +
+        R"(,"sections":{"forward":0.012,"backward":2e-2,"layer_1.attn:qkv/fwd-0":0,"x":1}})";
+    v1::StepEvent e;
+    const auto r =
+        fast ? ParseStepEvent(datagram, &e) : ParseStepEventWithoutFastPath(datagram, &e);
+    ASSERT_FALSE(r.has_value()) << r->detail;
+    ASSERT_EQ(e.sections_size(), 4);
+    EXPECT_DOUBLE_EQ(e.sections().at("forward"), 0.012);
+    EXPECT_DOUBLE_EQ(e.sections().at("backward"), 0.02);
+    EXPECT_DOUBLE_EQ(e.sections().at("layer_1.attn:qkv/fwd-0"), 0);
+    EXPECT_DOUBLE_EQ(e.sections().at("x"), 1);
+    EXPECT_DOUBLE_EQ(e.compute_seconds(), 0.4);  // the built-in split is untouched
+  }
+  v1::StepEvent e;
+  ASSERT_FALSE(ParseStepEvent(WithField("tp_rank", R"(0,"sections":{})"), &e).has_value());
+  EXPECT_EQ(e.sections_size(), 0);
+  ASSERT_FALSE(ParseStepEvent(WithField("tp_rank", R"(0,"sections":null)"), &e).has_value());
+  EXPECT_EQ(e.sections_size(), 0);
+  // An escaped name is the name it spells (the general parser decodes it).
+  ASSERT_FALSE(
+      ParseStepEvent(WithField("tp_rank", R"(0,"sections":{"\u0066wd":0.5})"), &e).has_value());
+  EXPECT_DOUBLE_EQ(e.sections().at("fwd"), 0.5);
+}
+
+TEST(StepEventParserTest, RejectsBadSections) {
+  auto with = [](const std::string& sections) {
+    return WithField("tp_rank", "0,\"sections\":" + sections);
+  };
+  struct Case {
+    std::string sections;
+    RejectReason reason;
+    const char* detail;  // how the detail starts
+  };
+  const Case cases[] = {
+      {"[]", RejectReason::kWrongType, "sections must be an object, got array"},
+      {"\"forward\"", RejectReason::kWrongType, "sections must be an object, got string"},
+      {"0.1", RejectReason::kWrongType, "sections must be an object, got number"},
+      {R"({"forward":"0.1"})", RejectReason::kWrongType, "sections values must be numbers"},
+      {R"({"forward":null})", RejectReason::kWrongType, "sections values must be numbers"},
+      {R"({"forward":true})", RejectReason::kWrongType, "sections values must be numbers"},
+      {R"({"forward":{"x":1}})", RejectReason::kWrongType, "sections values must be numbers"},
+      {R"({"forward":0.1,"forward":0.2})", RejectReason::kNotJson, ""},
+      {R"({"forward":-0.1})", RejectReason::kOutOfRange, "sections.forward must be >= 0"},
+      {R"({"forward":86401})", RejectReason::kOutOfRange, "sections.forward 86401 s is over"},
+      {R"({"forward":1e999})", RejectReason::kNotJson, ""},
+      {R"({"":0.1})", RejectReason::kOutOfRange, "sections: a name is empty"},
+      {R"({"a b":0.1})", RejectReason::kOutOfRange, "sections: a name has a character"},
+      {R"({"a\u0000b":0.1})", RejectReason::kOutOfRange, "sections: a name has a character"},
+      {"{\"\xc3\xa9\":0.1}", RejectReason::kOutOfRange, "sections: a name has a character"},
+      {R"({"comm":0.1})", RejectReason::kOutOfRange, "sections: \"comm\" is a built-in phase"},
+      {"{\"" + std::string(65, 'n') + "\":0.1}", RejectReason::kOutOfRange,
+       "sections: a name is 65 bytes"},
+  };
+  for (const Case& c : cases) {
+    for (bool fast : {true, false}) {
+      SCOPED_TRACE(c.sections + (fast ? " (fast)" : ""));
+      v1::StepEvent e;
+      const auto r = fast ? ParseStepEvent(with(c.sections), &e)
+                          : ParseStepEventWithoutFastPath(with(c.sections), &e);
+      ASSERT_TRUE(r.has_value());
+      EXPECT_EQ(RejectReasonName(r->reason), std::string(RejectReasonName(c.reason))) << r->detail;
+      EXPECT_EQ(r->detail.rfind(c.detail, 0), 0u) << r->detail;
+    }
+  }
+  // 16 entries are fine, 17 are not.
+  std::string sixteen = "{";
+  for (int i = 0; i < 16; ++i) sixteen += (i ? "," : "") + ("\"s" + std::to_string(i) + "\":0.1");
+  v1::StepEvent e;
+  ASSERT_FALSE(ParseStepEvent(with(sixteen + "}"), &e).has_value());
+  EXPECT_EQ(e.sections_size(), 16);
+  const auto r = ParseStepEvent(with(sixteen + ",\"s16\":0.1}"), &e);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->reason, RejectReason::kOutOfRange);
+  EXPECT_EQ(r->detail, "sections: 17 entries, the limit is 16");
+  EXPECT_EQ(e.sections_size(), 0);  // nothing of a refused event is kept
+}
+
 TEST(StepEventParserTest, RejectsNotJson) {
   EXPECT_EQ(ReasonOf(""), RejectReason::kNotJson);
   EXPECT_EQ(ReasonOf("{"), RejectReason::kNotJson);
@@ -205,7 +287,7 @@ TEST(StepEventParserTest, RejectsAbsurdValuesAndControlCharacters) {
 // infinities are not JSON), naming the field the table names.
 TEST(StepEventParserTest, SharedEdgeCases) {
   const std::vector<test::StepEventCase> cases = test::LoadStepEventCases();
-  ASSERT_GE(cases.size(), 40u);
+  ASSERT_GE(cases.size(), 70u);
   for (const test::StepEventCase& c : cases) {
     SCOPED_TRACE(c.name);
     const std::string datagram = test::EncodeDatagram(c);
@@ -312,7 +394,9 @@ void ExpectSameVerdict(const std::string& input) {
   if (fast) {
     EXPECT_EQ(RejectReasonName(fast->reason), RejectReasonName(slow->reason)) << input;
   } else {
-    EXPECT_EQ(fast_event.SerializeAsString(), slow_event.SerializeAsString()) << input;
+    // MessageDifferencer: maps (sections) compare by content, not by serialization order.
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(fast_event, slow_event))
+        << input;
   }
 }
 
@@ -348,6 +432,24 @@ TEST(StepEventParserTest, FastPathAgreesOnTrickyInputs) {
       "",
       "{",
       "[]",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"sections":{}})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"sections":{ }})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"sections": { "a" : 1 , "b":2 } })",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"sections":{"a":1,}})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"sections":{"a":1,"a":1}})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"sections":{"a":1}"sections":{}})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"sections":{"a":1},"sections":{}})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"sections":{"a":-1}})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"sections":{"a":01}})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"sections":{"a":null}})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"sections":{"a":"1"}})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"sections":{"a\u0062":1}})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"sections":{"data":1}})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"sections":{"a":1})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"sections":{"a":12345678901234567890}})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"sections":{"a":{}}})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"sections":[]})",
+      R"({"job":"j","rank":0,"world_size":1,"step":0,"step_s":1,"sections":null})",
   };
   for (const char* c : cases) ExpectSameVerdict(c);
 }
@@ -357,6 +459,7 @@ TEST(StepEventParserTest, FastPathAgreesOnRandomMutations) {
   const std::string bases[] = {
       kValid,
       R"({"job":"j","rank":1,"worldSize":2,"step":5,"stepS":0.2,"dataS":0.1,"extra":[1,{"a":2}]})",
+      R"({"job":"j","rank":0,"world_size":2,"step":5,"step_s":0.2,"sections":{"fwd":0.1,"bwd":2}})",
   };
   uint64_t state = 42;
   auto next = [&state] {
@@ -364,7 +467,7 @@ TEST(StepEventParserTest, FastPathAgreesOnRandomMutations) {
     return static_cast<size_t>(state >> 33);
   };
   for (int i = 0; i < 20000; ++i) {
-    std::string s = bases[next() % 2];
+    std::string s = bases[next() % std::size(bases)];
     const int edits = 1 + static_cast<int>(next() % 3);
     for (int e = 0; e < edits && !s.empty(); ++e) {
       const size_t pos = next() % s.size();

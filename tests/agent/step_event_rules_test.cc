@@ -1,8 +1,12 @@
 #include "common/step_event_rules.h"
 
 #include <cmath>
+#include <iterator>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/file.h"
 #include "common/json.h"
 #include "gtest/gtest.h"
@@ -67,6 +71,34 @@ TEST(StepEventRulesTest, PublishedRulesEqualTheConstants) {
         EXPECT_EQ(Member(f, "max")->as_double(), rule.number_max);
         EXPECT_EQ(Member(f, "min_exclusive")->as_bool(), rule.min_exclusive);
         break;
+      case FieldType::kSections: {
+        EXPECT_EQ(type, "object");
+        EXPECT_EQ(Member(f, "min")->as_double(), rule.number_min);
+        EXPECT_EQ(Member(f, "max")->as_double(), rule.number_max);
+        EXPECT_EQ(Member(f, "min_exclusive")->as_bool(), rule.min_exclusive);
+        EXPECT_EQ(Integer(f, "max_entries"), static_cast<int64_t>(kMaxSections));
+        EXPECT_EQ(Integer(f, "name_min_bytes"), 1);
+        EXPECT_EQ(Integer(f, "name_max_bytes"), static_cast<int64_t>(kMaxSectionNameBytes));
+        // "A-Za-z0-9_.:/-" spelt out equals the constant's characters.
+        std::string spelt;
+        const std::string ranges = Member(f, "name_characters")->as_string();
+        for (size_t i = 0; i < ranges.size(); ++i) {
+          if (i + 2 < ranges.size() && ranges[i + 1] == '-') {
+            for (char c = ranges[i]; c <= ranges[i + 2]; ++c) spelt.push_back(c);
+            i += 2;
+          } else {
+            spelt.push_back(ranges[i]);
+          }
+        }
+        EXPECT_EQ(spelt, kSectionNameCharacters);
+        const json::Value* reserved = Member(f, "reserved_names");
+        ASSERT_TRUE(reserved != nullptr && reserved->is_array());
+        ASSERT_EQ(reserved->as_array().size(), std::size(kReservedSectionNames));
+        for (size_t i = 0; i < std::size(kReservedSectionNames); ++i) {
+          EXPECT_EQ(reserved->as_array()[i].as_string(), kReservedSectionNames[i]);
+        }
+        break;
+      }
     }
   }
 }
@@ -109,6 +141,61 @@ TEST(StepEventRulesTest, JobMustBeWellFormedUtf8) {
   EXPECT_FALSE(ValidateJob("\xf4\x90\x80\x80").ok());    // over U+10FFFF
   EXPECT_TRUE(ValidateJob("\xf0\x9f\x9a\x80").ok());     // U+1F680
   EXPECT_FALSE(ValidateJob(std::string(1, '\0')).ok());  // NUL
+}
+
+TEST(StepEventRulesTest, SectionNames) {
+  for (const char* ok : {"forward", "a", "Data", "COMM", "layer_1.attn:qkv/fwd-0", "0", "-", "/"}) {
+    EXPECT_TRUE(ValidateSectionName(ok).ok()) << ok;
+  }
+  EXPECT_TRUE(ValidateSectionName(std::string(kMaxSectionNameBytes, 'x')).ok());
+  const std::pair<std::string, const char*> bad[] = {
+      {"", "empty"},
+      {std::string(kMaxSectionNameBytes + 1, 'x'), "65 bytes"},
+      {"forward pass", "byte 7"},
+      {"fwd\"", "byte 3"},
+      {"r\xc3\xa9seau", "byte 1"},
+      {std::string("a\0b", 3), "byte 1"},
+      {"data", "built-in"},
+      {"compute", "built-in"},
+      {"comm", "built-in"},
+  };
+  for (const auto& [name, why] : bad) {
+    const absl::Status s = ValidateSectionName(name);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_EQ(s.message().rfind("sections", 0), 0u) << s.message();
+    EXPECT_NE(s.message().find(why), std::string::npos) << s.message();
+  }
+}
+
+TEST(StepEventRulesTest, SectionsAreCheckedInValidate) {
+  Fields f;
+  f.job = "j";
+  f.world_size = 1;
+  f.step_seconds = 1;
+  std::vector<Section> sections = {{"forward", 0.5}, {"backward", 0}};
+  f.sections = sections;
+  EXPECT_TRUE(Validate(f).ok());
+  auto message = [&] { return std::string(Validate(f).message()); };
+  sections[1].second = -1;
+  f.sections = sections;
+  EXPECT_EQ(message(), "sections.backward must be >= 0, got -1");
+  sections[1].second = std::nan("");
+  f.sections = sections;
+  EXPECT_EQ(message(), "sections.backward is not finite");
+  sections[1].second = kMaxSeconds * 2;
+  f.sections = sections;
+  EXPECT_EQ(message(), "sections.backward 172800 s is over 86400");
+  sections[1] = {"forward", 1};
+  f.sections = sections;
+  EXPECT_EQ(message(), "sections.forward given twice");
+  sections.clear();
+  for (size_t i = 0; i < kMaxSections; ++i) sections.emplace_back(absl::StrCat("s", i), 0.01);
+  f.sections = sections;
+  EXPECT_TRUE(Validate(f).ok());
+  sections.emplace_back("one-more", 0.01);
+  f.sections = sections;
+  EXPECT_EQ(message(), "sections: 17 entries, the limit is 16");
+  EXPECT_EQ(FindField("sections"), kSections);
 }
 
 TEST(StepEventRulesTest, DroppedIsCheckedButNotRequired) {

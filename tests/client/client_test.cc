@@ -445,6 +445,177 @@ TEST(ClientScopeTest, NumbersStepsAndCancels) {
   EXPECT_EQ(steps, (std::vector<int64_t>{0, 1, 2, 100, 101}));
 }
 
+TEST(ClientReporterTest, SerialisesSections) {
+  FakeAgent agent;
+  Reporter reporter(Options(agent));
+  const int forward = reporter.SectionId("forward");
+  const int backward = reporter.SectionId("backward");
+  EXPECT_EQ(forward, 0);
+  EXPECT_EQ(backward, 1);
+  EXPECT_EQ(reporter.SectionId("forward"), 0);  // registered once
+  StepRecord r;
+  r.step = 7;
+  r.step_s = 0.25;
+  r.compute_s = 0.2;
+  r.samples = 64;
+  r.SetSection(backward, 0.02);
+  r.SetSection(forward, 0.012);
+  ASSERT_TRUE(reporter.Send(r));
+  const std::string text = agent.Recv();
+  EXPECT_EQ(text, R"({"job":"job1","rank":1,"world_size":4,"step":7,"step_s":0.25,"compute_s":0.2,)"
+                  R"("samples":64,"sections":{"forward":0.012,"backward":0.02}})");
+  json::Value v = ParseEvent(text);
+  ASSERT_TRUE(v.is_object());
+  EXPECT_DOUBLE_EQ(v.Find("sections")->Find("backward")->as_double(), 0.02);
+  // A record without sections has no "sections" member.
+  StepRecord plain;
+  plain.step = 8;
+  plain.step_s = 0.25;
+  ASSERT_TRUE(reporter.Send(plain));
+  EXPECT_EQ(ParseEvent(agent.Recv()).Find("sections"), nullptr);
+  EXPECT_EQ(reporter.dropped(), 0u);
+}
+
+TEST(ClientReporterTest, SectionNamesFollowTheRules) {
+  for (const char* ok : {"forward", "Data", "layer_1.attn:qkv/fwd-0", "x"}) {
+    EXPECT_EQ(ValidateSectionName(ok), nullptr) << ok;
+  }
+  EXPECT_EQ(ValidateSectionName(std::string(kMaxSectionNameBytes, 'n')), nullptr);
+  for (const std::string& bad :
+       {std::string(), std::string(kMaxSectionNameBytes + 1, 'n'), std::string("a b"),
+        std::string("fwd\""), std::string("r\xc3\xa9"), std::string("a\0b", 3), std::string("data"),
+        std::string("compute"), std::string("comm")}) {
+    EXPECT_NE(ValidateSectionName(bad), nullptr) << bad;
+  }
+  FakeAgent agent;
+  Reporter reporter(Options(agent));
+  const char* why = nullptr;
+  EXPECT_EQ(reporter.SectionId("a b", &why), -1);
+  EXPECT_STREQ(why, "section name has a character other than A-Za-z0-9_.:/-");
+  EXPECT_EQ(reporter.SectionId("comm", &why), -1);
+  for (int i = 0; i < kMaxSections; ++i) {
+    EXPECT_EQ(reporter.SectionId("s" + std::to_string(i)), i);
+  }
+  EXPECT_EQ(reporter.SectionId("one-more", &why), -1);
+  EXPECT_STREQ(why, "more than 16 section names on one reporter");
+  EXPECT_EQ(reporter.SectionId("s3"), 3);  // the registered ones still work
+  EXPECT_EQ(reporter.section_count(), kMaxSections);
+  EXPECT_EQ(reporter.section_name(15), "s15");
+}
+
+TEST(ClientReporterTest, DropsRecordsWithBadSections) {
+  FakeAgent agent;
+  Reporter reporter(Options(agent));
+  const int id = reporter.SectionId("forward");
+  for (double bad : {-0.001, std::nan(""), HUGE_VAL, kMaxSeconds * 2}) {
+    StepRecord r;
+    r.step_s = 0.1;
+    r.SetSection(id, bad);
+    EXPECT_NE(ValidateStepRecord(r), nullptr) << bad;
+    EXPECT_FALSE(reporter.Send(r)) << bad;
+  }
+  StepRecord unknown;
+  unknown.step_s = 0.1;
+  unknown.SetSection(5, 0.01);  // never given out by this reporter
+  EXPECT_FALSE(reporter.Send(unknown));
+  EXPECT_EQ(reporter.dropped(), 5u);
+  EXPECT_EQ(agent.Recv(100), "");
+  StepRecord edge;
+  edge.step_s = 0.1;
+  edge.SetSection(id, kMaxSeconds);
+  edge.SetSection(-1, 1);  // ignored
+  edge.SetSection(kMaxSections, 1);
+  EXPECT_TRUE(reporter.Send(edge));
+}
+
+// Named sections count as compute unless inside data or comm; a section's own time leaves out the
+// data and comm phases inside it; uses of one name add up; the phases still partition the step.
+TEST(ClientScopeTest, SectionsCountAsComputeAndLeaveOutPhasesInsideThem) {
+  FakeAgent agent;
+  Reporter reporter(Options(agent));
+  using std::chrono::milliseconds;
+  {
+    StepScope step(reporter);
+    {
+      PhaseScope forward(step, "forward");
+      EXPECT_TRUE(forward.ok());
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    {
+      PhaseScope backward(step, std::string("backward"));
+      std::this_thread::sleep_for(milliseconds(10));
+      {
+        PhaseScope comm(step, Phase::kComm);  // waiting for other ranks: not backward
+        std::this_thread::sleep_for(milliseconds(30));
+      }
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    {
+      PhaseScope data(step, "data");  // the built-in phase by name
+      PhaseScope load(step, "load");  // a section inside data: data time, and its own
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    {
+      PhaseScope backward(step, "backward");  // again: adds up
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  }
+  json::Value v = ParseEvent(agent.Recv());
+  ASSERT_TRUE(v.is_object());
+  const json::Value* sections = v.Find("sections");
+  ASSERT_NE(sections, nullptr);
+  ASSERT_EQ(sections->as_object().size(), 3u);
+  const double forward = sections->Find("forward")->as_double();
+  const double backward = sections->Find("backward")->as_double();
+  const double load = sections->Find("load")->as_double();
+  const double compute_s = v.Find("compute_s")->as_double();
+  const double comm_s = v.Find("comm_s")->as_double();
+  const double data_s = v.Find("data_s")->as_double();
+  const double step_s = v.Find("step_s")->as_double();
+  EXPECT_GE(forward, 0.020);
+  EXPECT_GE(backward, 0.030);
+  EXPECT_GE(comm_s, 0.030);
+  EXPECT_GE(load, 0.010);
+  // All compute was inside the two sections, and their times are exactly that compute: a
+  // backward that held its comm phase would exceed it.
+  EXPECT_NEAR(compute_s, forward + backward, 1e-6);
+  // The section inside data is data time (all of it but the moments before and after it).
+  EXPECT_LE(load, data_s + 1e-9);
+  EXPECT_GT(load, data_s - 0.002);
+  EXPECT_LE(data_s + compute_s + comm_s, step_s + 1e-9);
+}
+
+TEST(ClientScopeTest, SectionInsideItselfCountsOnceAndBadNamesTimeNothing) {
+  FakeAgent agent;
+  Reporter reporter(Options(agent));
+  using std::chrono::milliseconds;
+  {
+    StepScope step(reporter);
+    PhaseScope outer(step, "fwd");
+    {
+      PhaseScope inner(step, "fwd");
+      EXPECT_TRUE(inner.ok());
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    PhaseScope bad(step, "not a name");
+    EXPECT_FALSE(bad.ok());
+    PhaseScope reserved(step, std::string_view("comm\0", 5));
+    EXPECT_FALSE(reserved.ok());
+  }
+  json::Value v = ParseEvent(agent.Recv());
+  ASSERT_TRUE(v.is_object());
+  ASSERT_EQ(v.Find("sections")->as_object().size(), 1u);
+  EXPECT_NEAR(v.Find("sections")->Find("fwd")->as_double(), v.Find("compute_s")->as_double(), 1e-6);
+  EXPECT_GE(v.Find("compute_s")->as_double(), 0.020);
+  EXPECT_EQ(v.Find("comm_s"), nullptr);
+  EXPECT_EQ(reporter.section_count(), 1);
+  EXPECT_EQ(reporter.dropped(), 0u);  // a refused name drops nothing
+
+  // Without sections in a step, the event has none, even though the reporter knows some.
+  { StepScope step(reporter); }
+  EXPECT_EQ(ParseEvent(agent.Recv()).Find("sections"), nullptr);
+}
+
 // Sets environment variables for one test and restores them.
 class ScopedEnv {
  public:

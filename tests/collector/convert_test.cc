@@ -1,5 +1,7 @@
 #include "collector/convert.h"
 
+#include <iterator>
+#include <string>
 #include <vector>
 
 #include "analysis/engine.h"
@@ -230,6 +232,78 @@ TEST(ConvertTest, FindingAndSnapshotsToProto) {
   EXPECT_EQ(row.busy_seconds(), 0.3);
   EXPECT_EQ(row.busy_vs_median_ratio(), 1.3);
   EXPECT_TRUE(row.straggler());
+}
+
+// Sections reach the engine sorted by name whatever the map's order, and a reused sample keeps
+// none of the previous event's.
+TEST(ConvertTest, StepSectionsAreSortedByName) {
+  v1::StepEvent e;
+  e.set_job("j");
+  e.set_world_size(1);
+  e.set_step_seconds(1);
+  const char* names[] = {"optimizer", "backward", "forward", "a/b", "Z", "forward.attn"};
+  for (size_t i = 0; i < std::size(names); ++i) (*e.mutable_sections())[names[i]] = 0.1 * (i + 1);
+  analysis::StepEvent s = ToStepSample(e, "n", 1);
+  ASSERT_EQ(s.sections.size(), std::size(names));
+  const std::vector<std::string> sorted = {"Z",       "a/b",          "backward",
+                                           "forward", "forward.attn", "optimizer"};
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    EXPECT_EQ(s.sections[i].first, sorted[i]);
+    EXPECT_DOUBLE_EQ(s.sections[i].second, e.sections().at(sorted[i]));
+  }
+
+  v1::StepEvent fewer;
+  fewer.set_job("j");
+  fewer.set_world_size(1);
+  fewer.set_step_seconds(1);
+  (*fewer.mutable_sections())["backward"] = 0.25;
+  FillStepSample(fewer, "n", 1, &s);
+  ASSERT_EQ(s.sections.size(), 1u);
+  EXPECT_EQ(s.sections[0].first, "backward");
+  EXPECT_DOUBLE_EQ(s.sections[0].second, 0.25);
+  FillStepSample(v1::StepEvent(), "n", 1, &s);
+  EXPECT_TRUE(s.sections.empty());
+}
+
+TEST(ConvertTest, SectionsReachTheQueryAnswers) {
+  analysis::Finding f;
+  f.kind = analysis::FindingKind::kStraggler;
+  f.evidence.section = "backward";
+  f.evidence.section_vs_reference_ratio = 1.5;
+  v1::Finding p;
+  ToProto(f, &p);
+  ASSERT_TRUE(p.evidence().has_section());
+  EXPECT_EQ(p.evidence().section(), "backward");
+  EXPECT_DOUBLE_EQ(p.evidence().section_vs_reference_ratio(), 1.5);
+  v1::Finding none;
+  ToProto(analysis::Finding{}, &none);
+  EXPECT_FALSE(none.evidence().has_section());
+  EXPECT_FALSE(none.evidence().has_section_vs_reference_ratio());
+
+  analysis::JobSnapshot j;
+  j.job = "j";
+  j.section_names = {"forward", "backward"};
+  j.sections_folded = 7;
+  v1::JobStatus js;
+  ToProto(j, 0, &js);
+  ASSERT_EQ(js.section_names_size(), 2);
+  EXPECT_EQ(js.section_names(0), "forward");
+  EXPECT_EQ(js.section_names(1), "backward");
+  EXPECT_EQ(js.sections_folded(), 7);
+
+  analysis::RankSnapshot r;
+  r.rank = 2;
+  r.sections = {{"forward", 0.01}, {"backward", 0.03}};
+  v1::RankRow row;
+  ToProto(r, &row);
+  ASSERT_EQ(row.sections_size(), 2);
+  EXPECT_EQ(row.sections(0).name(), "forward");
+  EXPECT_DOUBLE_EQ(row.sections(0).seconds(), 0.01);
+  EXPECT_EQ(row.sections(1).name(), "backward");
+  EXPECT_DOUBLE_EQ(row.sections(1).seconds(), 0.03);
+  v1::RankRow plain;
+  ToProto(analysis::RankSnapshot{}, &plain);
+  EXPECT_EQ(plain.sections_size(), 0);
 }
 
 }  // namespace

@@ -243,6 +243,45 @@ TEST(ReportStoreTest, SavedReportsLoadBackAndCorruptFilesAreSkipped) {
   std::filesystem::remove_all(o.dir);
 }
 
+// A job's sections and a section straggler's evidence are kept, written and loaded back.
+TEST(ReportStoreTest, SectionsAndSectionFindingsAreKeptAndSaved) {
+  ReportStoreOptions o;
+  o.dir = TempDir("sections");
+  analysis::JobSnapshot snap = Snap("j", 10, true);
+  snap.section_names = {"forward", "backward"};
+  snap.sections_folded = 3;
+  analysis::Finding f = Straggler("j", 2, 8);
+  f.evidence.section = "backward";
+  f.evidence.section_vs_reference_ratio = 1.5;
+  v1::JobReport saved;
+  {
+    ReportStore store(o);
+    ASSERT_TRUE(store.Load(kT0).ok());
+    store.Observe(snap, {f}, {0, kT0}, kT0);
+    // A later snapshot without sections (its ranks stopped reporting them) keeps the last known.
+    store.Finish(Snap("j", 20, true), {}, {0, kT0}, "exited", kT0 + 20 * kSecond);
+    saved = MustGet(store, "j");
+    const std::vector<v1::JobReport> listed = store.List();
+    ASSERT_EQ(listed.size(), 1u);
+    EXPECT_EQ(listed[0].section_names_size(), 2);
+    EXPECT_EQ(listed[0].sections_folded(), 3);
+  }
+  ASSERT_EQ(saved.section_names_size(), 2);
+  EXPECT_EQ(saved.section_names(0), "forward");
+  EXPECT_EQ(saved.section_names(1), "backward");
+  EXPECT_EQ(saved.sections_folded(), 3);
+  ASSERT_EQ(saved.findings_size(), 1);
+  EXPECT_EQ(saved.findings(0).evidence().section(), "backward");
+  EXPECT_DOUBLE_EQ(saved.findings(0).evidence().section_vs_reference_ratio(), 1.5);
+  ReportStore loaded(o);
+  ASSERT_TRUE(loaded.Load(kT0 + 30 * kSecond).ok());
+  v1::JobReport back = MustGet(loaded, "j");
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(saved, back))
+      << saved.DebugString() << "\nvs\n"
+      << back.DebugString();
+  std::filesystem::remove_all(o.dir);
+}
+
 TEST(ReportStoreTest, FileNamesAreSafeAndDistinctForAnyJobName) {
   const std::vector<std::string> names = {"llm-pretrain_4711",
                                           "",

@@ -362,6 +362,65 @@ TEST(FormatTest, ExplainShowsEachFindingsCauseAndAction) {
   EXPECT_EQ(LineOf(out, "action: check the cooling of node-0 GPU 6"), finding + 2) << out;
 }
 
+// A job with named sections: one column per section, each rank against the median rank, the
+// section straggler marked; the finding's section shows in its evidence; --json carries it all.
+v1::ExplainResponse SectionExplain() {
+  v1::ExplainResponse e = SampleExplain(4, 2);
+  e.mutable_job()->add_section_names("forward");
+  e.mutable_job()->add_section_names("backward");
+  for (v1::RankRow& row : *e.mutable_ranks()) {
+    v1::SectionMedian* fwd = row.add_sections();
+    fwd->set_name("forward");
+    fwd->set_seconds(0.010);
+    v1::SectionMedian* bwd = row.add_sections();
+    bwd->set_name("backward");
+    bwd->set_seconds(row.rank() == 2 ? 0.030 : 0.020);
+  }
+  v1::FindingEvidence* ev = e.mutable_findings(0)->mutable_evidence();
+  ev->set_section("backward");
+  ev->set_section_vs_reference_ratio(1.5);
+  return e;
+}
+
+TEST(FormatTest, ExplainShowsPerRankSectionMedians) {
+  const std::string out = FormatExplain(SectionExplain());
+  const int header = LineOf(out, "Sections (per rank: median over recent steps");
+  ASSERT_GE(header, 0) << out;
+  const std::vector<std::string> lines = Lines(out);
+  EXPECT_EQ(lines[header + 1], "   RANK  forward        backward") << out;
+  EXPECT_EQ(lines[header + 2], "   0     10.0 ms (+0%)  20.0 ms (+0%)") << out;
+  EXPECT_EQ(lines[header + 4], "!  2     10.0 ms (+0%)  30.0 ms (+50%)") << out;
+  EXPECT_GT(header, LineOf(out, "Ranks (medians over recent steps"));
+  EXPECT_LT(header, LineOf(out, "Findings"));
+  EXPECT_NE(out.find("evidence: section=backward section_vs_reference_ratio=1.5\n"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("not kept"), std::string::npos) << out;
+
+  // Later names folded: said under the table. A rank without a section reads "-".
+  v1::ExplainResponse folded = SectionExplain();
+  folded.mutable_job()->set_sections_folded(12);
+  folded.mutable_ranks(1)->mutable_sections()->RemoveLast();
+  const std::string text = FormatExplain(folded);
+  EXPECT_NE(text.find("  12 section values not kept: a job keeps its first 16 section names\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("   1     10.0 ms (+0%)  -\n"), std::string::npos) << text;
+
+  // Without sections, no such block.
+  EXPECT_EQ(FormatExplain(SampleExplain(4, 2)).find("Sections"), std::string::npos);
+}
+
+TEST(FormatTest, ExplainJsonCarriesSections) {
+  absl::StatusOr<std::string> json = ToJson(SectionExplain());
+  ASSERT_TRUE(json.ok());
+  for (const char* needle : {"\"section_names\": [\n   \"forward\",", "\"sections_folded\": \"0\"",
+                             "\"name\": \"backward\",\n     \"seconds\": 0.03",
+                             "\"section\": \"backward\"", "\"section_vs_reference_ratio\": 1.5"}) {
+    EXPECT_NE(json->find(needle), std::string::npos) << needle << "\n" << *json;
+  }
+}
+
 TEST(FormatTest, JsonUsesProtoFieldNamesAndPrintsDefaults) {
   absl::StatusOr<std::string> json = ToJson(SampleStatus());
   ASSERT_TRUE(json.ok());

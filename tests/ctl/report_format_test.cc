@@ -124,6 +124,44 @@ TEST(ReportFormatTest, JsonHasNumbersAndNullForUnknown) {
   EXPECT_TRUE(v->Find("findings")->as_array().empty());
 }
 
+TEST(ReportFormatTest, SectionsAndSectionFindings) {
+  v1::JobReport r = Finished();
+  r.add_section_names("forward");
+  r.add_section_names("backward");
+  r.set_sections_folded(4);
+  r.mutable_findings(0)->mutable_evidence()->set_section("backward");
+  r.mutable_findings(0)->mutable_evidence()->set_section_vs_reference_ratio(1.5);
+  const std::string text = FormatReport(r);
+  EXPECT_NE(text.find("\nSections (last known): forward, backward\n  4 section values not kept"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(FormatReport(Finished()).find("Sections"), std::string::npos);
+
+  absl::StatusOr<json::Value> v = json::Parse(ReportToJson(r));
+  ASSERT_TRUE(v.ok()) << v.status() << "\n" << ReportToJson(r);
+  const json::Value::Array& names = v->Find("sections")->as_array();
+  ASSERT_EQ(names.size(), 2u);
+  EXPECT_EQ(names[0].as_string(), "forward");
+  EXPECT_EQ(names[1].as_string(), "backward");
+  EXPECT_EQ(v->Find("sections_folded")->as_int64(), 4);
+  const json::Value::Array& findings = v->Find("findings")->as_array();
+  EXPECT_EQ(findings[0].Find("section")->as_string(), "backward");
+  EXPECT_DOUBLE_EQ(findings[0].Find("section_vs_reference_ratio")->as_double(), 1.5);
+  EXPECT_TRUE(findings[1].Find("section")->is_null());
+  EXPECT_TRUE(findings[1].Find("section_vs_reference_ratio")->is_null());
+
+  v = json::Parse(ReportToJson(Finished()));
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->Find("sections")->as_array().empty());
+  EXPECT_EQ(v->Find("sections_folded")->as_int64(), 0);
+  // The listing has them too.
+  v1::ReportResponse listing;
+  *listing.add_reports() = r;
+  v = json::Parse(ReportListToJson(listing));
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->Find("reports")->as_array()[0].Find("sections")->as_array().size(), 2u);
+}
+
 TEST(ReportFormatTest, ListingShowsOneRowPerReport) {
   v1::ReportResponse list;
   v1::JobReport* a = list.add_reports();

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "common/file.h"
 #include "common/json.h"
@@ -11,8 +12,39 @@
 namespace stepwatch::test {
 namespace {
 
+// A number in the case file's notation: a JSON number or "nan", "inf", "-inf".
+bool ParseNumber(const json::Value& v, double* out) {
+  if (v.is_string()) {
+    const std::string& s = v.as_string();
+    const double inf = std::numeric_limits<double>::infinity();
+    if (s == "nan")
+      *out = std::nan("");
+    else if (s == "inf")
+      *out = inf;
+    else if (s == "-inf")
+      *out = -inf;
+    else
+      return false;
+    return true;
+  }
+  if (!v.is_number()) return false;
+  *out = v.as_double();
+  return true;
+}
+
 // Fills `out` from the case file's notation (see its "doc").
 bool ParseValue(const step_event::FieldRule& rule, const json::Value& v, CaseValue* out) {
+  if (rule.type == step_event::FieldType::kSections) {
+    // An object of name -> number, as sent.
+    if (!v.is_object()) return false;
+    out->kind = CaseValue::Kind::kSections;
+    for (const auto& [name, member] : v.as_object()) {
+      double seconds = 0;
+      if (!ParseNumber(member, &seconds)) return false;
+      out->sections.emplace_back(name, seconds);
+    }
+    return true;
+  }
   if (v.is_object()) {
     const json::Value* repeat = nullptr;
     const json::Value* times = nullptr;
@@ -42,22 +74,7 @@ bool ParseValue(const step_event::FieldRule& rule, const json::Value& v, CaseVal
   }
   if (rule.type == step_event::FieldType::kNumber) {
     out->kind = CaseValue::Kind::kNumber;
-    if (v.is_string()) {
-      const std::string& s = v.as_string();
-      const double inf = std::numeric_limits<double>::infinity();
-      if (s == "nan")
-        out->number = std::nan("");
-      else if (s == "inf")
-        out->number = inf;
-      else if (s == "-inf")
-        out->number = -inf;
-      else
-        return false;
-      return true;
-    }
-    if (!v.is_number()) return false;
-    out->number = v.as_double();
-    return true;
+    return ParseNumber(v, &out->number);
   }
   if (!v.is_number()) return false;
   if (!v.is_integer()) {
@@ -157,6 +174,16 @@ std::string EncodeDatagram(const StepEventCase& c) {
       case CaseValue::Kind::kLiteral:
         out.append(v.text);
         break;
+      case CaseValue::Kind::kSections:
+        out.push_back('{');
+        for (size_t i = 0; i < v.sections.size(); ++i) {
+          if (i > 0) out.push_back(',');
+          json::AppendQuoted(v.sections[i].first, &out);
+          out.push_back(':');
+          AppendNumber(v.sections[i].second, &out);
+        }
+        out.push_back('}');
+        break;
     }
   }
   out.push_back('}');
@@ -200,6 +227,7 @@ bool ToFields(const StepEventCase& c, step_event::Fields* f) {
   f->dp_rank = integer(kDpRank);
   f->pp_stage = integer(kPpStage);
   f->tp_rank = integer(kTpRank);
+  if (c.values[kSections]) f->sections = c.values[kSections]->sections;
   f->dropped = integer(kDropped);
   return true;
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/step_event_rules.h"
@@ -13,11 +14,13 @@ namespace stepwatch::test {
 
 // One field's value in a case.
 struct CaseValue {
-  enum class Kind { kString, kInteger, kNumber, kLiteral };
+  enum class Kind { kString, kInteger, kNumber, kLiteral, kSections };
   Kind kind = Kind::kInteger;
   std::string text;  // kString: the string; kLiteral: the JSON number as written
   int64_t integer = 0;
   double number = 0;  // may be NaN or +-inf
+  // kSections: name -> seconds in the case's order (values may be NaN or +-inf).
+  std::vector<step_event::Section> sections;
 };
 
 struct StepEventCase {
@@ -35,7 +38,8 @@ std::vector<StepEventCase> LoadStepEventCases();
 // Infinity, -Infinity, which are not JSON).
 std::string EncodeDatagram(const StepEventCase& c);
 
-// The case's values as plain fields; false when one does not fit (a literal over 64 bits).
+// The case's values as plain fields; false when one does not fit (a literal over 64 bits). The
+// fields may point into `c` (its sections).
 bool ToFields(const StepEventCase& c, step_event::Fields* fields);
 
 // A path under the source tree.

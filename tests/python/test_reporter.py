@@ -1,5 +1,6 @@
 """stepwatch.Reporter and the step()/phase() scopes, against a real bound Unix socket."""
 
+import json
 import logging
 import os
 import shutil
@@ -39,6 +40,34 @@ class SendTest(unittest.TestCase):
             "data_s": 0.01, "compute_s": 0.2, "comm_s": 0.04, "samples": 64, "local_rank": 1,
             "gpu": 2, "dp_rank": 1, "pp_stage": 0, "tp_rank": 3})
         self.assertEqual((rep.sent, rep.dropped), (1, 0))
+
+    def test_sections_are_sent_in_their_order(self):
+        rep = make_reporter(self, self.agent)
+        self.assertTrue(rep.send(3, 0.5, compute_s=0.4,
+                                 sections={"forward": 0.125, "backward": 0.25, "Data": 0}))
+        self.assertEqual(
+            self.agent.recv_raw(),
+            b'{"job":"job1","rank":1,"world_size":4,"step":3,"step_s":0.5,"compute_s":0.4,'
+            b'"sections":{"forward":0.125,"backward":0.25,"Data":0.0}}')
+        self.assertTrue(rep.send(4, 0.5, 0.1, 0.3, 0.1, 8, sections={}))
+        self.assertEqual(self.agent.recv()["sections"], {})
+
+    def test_invalid_sections_drop_the_event(self):
+        rep = make_reporter(self, self.agent)
+        seventeen = {"s%d" % i: 0.01 for i in range(17)}
+        bad = [seventeen, {"a b": 0.1}, {"comm": 0.1}, {"": 0.1}, {"x" * 65: 0.1},
+               {"fwd": -1.0}, {"fwd": float("nan")}, {"fwd": 86400.5}, {"fwd": "0.1"},
+               {"fwd": True}, {"fwd": None}, {3: 0.1}, ["fwd"], "fwd"]
+        with self.assertLogs("stepwatch", logging.WARNING) as logs:
+            for sections in bad:
+                with self.subTest(sections=sections):
+                    self.assertFalse(rep.send(1, 0.1, sections=sections))
+        self.assertEqual(len(logs.records), 1)
+        self.assertIn("sections", logs.output[0])
+        self.assertEqual(rep.dropped, len(bad))
+        self.assertIsNone(self.agent.recv(0.05))
+        self.assertTrue(rep.send(1, 0.1, sections=dict(list(seventeen.items())[:16])))
+        self.assertEqual(len(self.agent.recv()["sections"]), 16)
 
     def test_optional_fields_are_left_out(self):
         rep = make_reporter(self, self.agent)
@@ -201,18 +230,130 @@ class ScopeTest(unittest.TestCase):
             clock.advance(0.1)
         self.assertEqual(self.agent.recv()["step"], 0)
 
-    def test_unknown_phase_is_ignored_with_one_warning(self):
+    def test_any_other_valid_name_is_a_section_and_counts_as_compute(self):
         rep, clock = self.rep, self.clock
-        with self.assertLogs("stepwatch", logging.WARNING) as logs:
-            with rep.step():
-                with rep.phase("optimizer"):
-                    clock.advance(0.1)
-                with rep.phase("optimiser"):
-                    clock.advance(0.1)
-        self.assertEqual(len(logs.records), 1)
+        with rep.step():
+            with rep.phase("data"):
+                clock.advance(0.5)
+            with rep.phase("forward"):
+                clock.advance(1.0)
+            with rep.phase("backward"):
+                clock.advance(2.0)
+                with rep.phase("comm"):  # waiting for other ranks: comm, not backward
+                    clock.advance(4.0)
+                clock.advance(8.0)
+            with rep.phase("optimizer"):
+                clock.advance(16.0)
+            with rep.phase("backward"):  # the same name again in the step: adds up
+                clock.advance(32.0)
+        raw = self.agent.recv_raw()
+        event = json.loads(raw)
+        self.assertEqual(event["sections"], {"forward": 1.0, "backward": 42.0, "optimizer": 16.0})
+        # In order of first use, exact nanoseconds.
+        self.assertIn(b'"sections":{"forward":1000000000e-9,"backward":42000000000e-9,'
+                      b'"optimizer":16000000000e-9}}', raw)
+        self.assertAlmostEqual(event["compute_s"], 1 + 2 + 8 + 16 + 32)
+        self.assertAlmostEqual(event["comm_s"], 4.0)
+        self.assertAlmostEqual(event["data_s"], 0.5)
+        self.assertAlmostEqual(event["step_s"], 63.5)
+        # The next step starts clean: no sections, and the fast path's exact bytes.
+        with rep.step():
+            with rep.phase("data"):
+                clock.advance(0.25)
+            with rep.phase("compute"):
+                clock.advance(0.25)
+            with rep.phase("comm"):
+                clock.advance(0.25)
+        self.assertEqual(
+            self.agent.recv_raw(),
+            b'{"job":"job1","rank":1,"world_size":4,"step":1,"step_s":750000000e-9,'
+            b'"data_s":250000000e-9,"compute_s":250000000e-9,"comm_s":250000000e-9}')
+
+    def test_a_section_inside_data_or_comm_is_that_phase(self):
+        rep, clock = self.rep, self.clock
+        with rep.step():
+            with rep.phase("comm"):
+                clock.advance(1.0)
+                with rep.phase("allreduce"):
+                    clock.advance(2.0)
+            with rep.phase("data"):
+                with rep.phase("decode"):
+                    clock.advance(4.0)
         event = self.agent.recv()
-        self.assertAlmostEqual(event["step_s"], 0.2)
+        self.assertEqual(event["sections"], {"allreduce": 2.0, "decode": 4.0})
+        self.assertEqual((event["comm_s"], event["data_s"]), (3.0, 4.0))
         self.assertNotIn("compute_s", event)
+
+    def test_sections_nest_and_one_inside_itself_counts_once(self):
+        rep, clock = self.rep, self.clock
+        with rep.step():
+            with rep.phase("forward"):
+                clock.advance(1.0)
+                with rep.phase("forward/attn"):
+                    clock.advance(2.0)
+                    with rep.phase("forward"):
+                        clock.advance(4.0)
+                with rep.phase("compute"):  # the built-in phase inside a section
+                    clock.advance(8.0)
+                with rep.phase("data"):  # not forward's
+                    clock.advance(16.0)
+        event = self.agent.recv()
+        self.assertEqual(event["sections"], {"forward": 15.0, "forward/attn": 6.0})
+        self.assertEqual((event["compute_s"], event["data_s"], event["step_s"]), (15.0, 16.0, 31.0))
+
+    def test_a_section_outside_or_around_steps_follows_the_phase_rules(self):
+        rep, clock = self.rep, self.clock
+        with rep.phase("load"):  # before the step: belongs to the next one
+            clock.advance(1.0)
+        with rep.step():
+            clock.advance(2.0)
+        event = self.agent.recv()
+        self.assertEqual((event["step_s"], event["compute_s"], event["sections"]),
+                         (3.0, 1.0, {"load": 1.0}))
+        with rep.phase("epoch"):
+            clock.advance(1.0)
+            with rep.step():
+                clock.advance(2.0)
+            clock.advance(4.0)
+            with rep.step():
+                clock.advance(8.0)
+        first, second = self.agent.drain()
+        self.assertEqual((first["compute_s"], first["sections"]), (3.0, {"epoch": 3.0}))
+        self.assertEqual((second["compute_s"], second["sections"]), (12.0, {"epoch": 12.0}))
+        with rep.step():  # the section closed at once after the last step: nothing of it here
+            clock.advance(0.5)
+        self.assertNotIn("sections", self.agent.recv())
+
+    def test_a_failed_step_drops_its_sections(self):
+        rep, clock = self.rep, self.clock
+        with self.assertRaises(KeyError):
+            with rep.step():
+                with rep.phase("forward"):
+                    clock.advance(1.0)
+                raise KeyError("boom")
+        with rep.step():
+            clock.advance(0.1)
+        self.assertNotIn("sections", self.agent.recv())
+
+    def test_invalid_section_names_raise_at_the_call(self):
+        rep = self.rep
+        for bad in ("", "a b", "x" * 65, "r\u00e9seau", 'fwd"', "a\nb", None, 3, ["compute"]):
+            with self.subTest(name=bad):
+                with self.assertRaises(ValueError):
+                    rep.phase(bad)
+        for i in range(16):
+            rep.phase("s%d" % i)
+        with self.assertRaisesRegex(ValueError, "at most 16"):
+            rep.phase("one-more")
+        with self.assertRaisesRegex(ValueError, "at most 16"):
+            rep.phase("one-more")  # every time, not once
+        # The registered sections and the phases still work, and nothing was dropped.
+        with rep.step():
+            with rep.phase("s15"), rep.phase("compute"):
+                self.clock.advance(0.5)
+        event = self.agent.recv()
+        self.assertEqual((event["sections"], event["compute_s"]), ({"s15": 0.5}, 0.5))
+        self.assertEqual(rep.dropped, 0)
 
     def test_a_phase_entered_again_inside_itself_counts_once(self):
         rep, clock = self.rep, self.clock
@@ -278,13 +419,6 @@ class ScopeTest(unittest.TestCase):
             self.clock.advance(0.1)
             step.samples = 12
         self.assertEqual(self.agent.recv()["samples"], 12)
-
-    def test_unhashable_phase_name_is_ignored(self):
-        with self.assertLogs("stepwatch", logging.WARNING):
-            with self.rep.step():
-                with self.rep.phase(["compute"]):
-                    self.clock.advance(0.1)
-        self.assertNotIn("compute_s", self.agent.recv())
 
     def test_busy_agent_keeps_no_exception(self):
         rep = self.rep
@@ -358,6 +492,19 @@ class ModuleApiTest(unittest.TestCase):
                          ("envjob", 2, 3, 0))
         self.assertEqual(event["samples"], 8)
         self.assertIs(stepwatch.get_reporter(), stepwatch.get_reporter())
+
+    def test_module_phase_takes_section_names(self):
+        stepwatch.configure(job="cfg", rank=0, world_size=1, socket_path=self.agent.path)
+        with stepwatch.step():
+            with stepwatch.phase("forward"):
+                pass
+            with stepwatch.phase("compute"):
+                pass
+        event = self.agent.recv()
+        self.assertIn("forward", event["sections"])
+        self.assertIn("compute_s", event)
+        with self.assertRaises(ValueError):
+            stepwatch.phase("not a name")
 
     def test_configure_replaces_the_reporter(self):
         rep = stepwatch.configure(job="cfg", rank=0, world_size=1, socket_path=self.agent.path)

@@ -17,7 +17,7 @@ _SOURCE = os.environ.get(
     os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")),
 )
 _IDENTITY = ("job", "rank", "world_size", "local_rank", "gpu", "dp_rank", "pp_stage", "tp_rank")
-_STEP = ("step", "step_s", "data_s", "compute_s", "comm_s", "samples")
+_STEP = ("step", "step_s", "data_s", "compute_s", "comm_s", "samples", "sections")
 
 
 def _load(relative):
@@ -25,8 +25,10 @@ def _load(relative):
         return json.load(f)
 
 
-def _value(raw):
+def _value(raw, name=None):
     """A case value in the table's notation as a Python value."""
+    if name == "sections":
+        return {key: _value(v) for key, v in raw.items()}
     if isinstance(raw, dict):
         if "literal" in raw:
             return int(raw["literal"])
@@ -39,7 +41,7 @@ def _value(raw):
 def _case_values(doc, case):
     values = dict(doc["base"])
     values.update(case["set"])
-    return {name: _value(raw) for name, raw in values.items() if raw is not None}
+    return {name: _value(raw, name) for name, raw in values.items() if raw is not None}
 
 
 class PublishedRulesTest(unittest.TestCase):
@@ -61,8 +63,24 @@ class PublishedRulesTest(unittest.TestCase):
                 if kind != "string":
                     self.assertEqual(low, field["min"])
                     self.assertEqual(high, field["max"])
-                if kind == "number":
+                if kind in ("number", "object"):
                     self.assertEqual(exclusive, field["min_exclusive"])
+                if kind == "object":
+                    self.assertEqual(field["name"], "sections")
+                    self.assertEqual(_rules.MAX_SECTIONS, field["max_entries"])
+                    self.assertEqual(1, field["name_min_bytes"])
+                    self.assertEqual(_rules.MAX_SECTION_NAME_BYTES, field["name_max_bytes"])
+                    self.assertEqual(list(_rules.RESERVED_SECTION_NAMES), field["reserved_names"])
+                    chars, spec = set(), field["name_characters"]
+                    i = 0
+                    while i < len(spec):
+                        if i + 2 < len(spec) and spec[i + 1] == "-":
+                            chars.update(chr(c) for c in range(ord(spec[i]), ord(spec[i + 2]) + 1))
+                            i += 3
+                        else:
+                            chars.add(spec[i])
+                            i += 1
+                    self.assertEqual(set(_rules.SECTION_NAME_CHARACTERS), chars)
 
     def test_the_client_sends_only_fields_of_the_rules(self):
         self.assertLessEqual(set(stepwatch._config.OPTIONAL_INT_FIELDS), set(_rules.FIELDS))
@@ -93,7 +111,7 @@ class SharedCasesTest(unittest.TestCase):
 
     def test_client_accepts_exactly_what_the_agent_accepts(self):
         doc = _load("tests/data/step_event_cases.json")
-        self.assertGreaterEqual(len(doc["cases"]), 40)
+        self.assertGreaterEqual(len(doc["cases"]), 70)
         for case in doc["cases"]:
             values = _case_values(doc, case)
             with self.subTest(case=case["name"]):
@@ -102,6 +120,34 @@ class SharedCasesTest(unittest.TestCase):
                 if accepted:
                     # Sent as given: the agent parses these values, not others.
                     self.assertEqual(event, values)
+
+    def test_section_names_the_agent_refuses_raise_in_phase(self):
+        """phase() with a name of the table's refused cases raises; with an accepted one, it
+        times a section."""
+        doc = _load("tests/data/step_event_cases.json")
+        rep = stepwatch.Reporter(job="j", rank=0, world_size=1, socket_path=self.agent.path,
+                                 env={})
+        self.addCleanup(rep.close)
+        checked = 0
+        for case in doc["cases"]:
+            sections = case["set"].get("sections")
+            if not sections or len(sections) != 1:
+                continue
+            (name, value), = sections.items()
+            name_ok = _rules.section_name_error(name) is None
+            value_ok = isinstance(value, (int, float)) and 0 <= value <= _rules.MAX_SECONDS
+            with self.subTest(case=case["name"]):
+                self.assertEqual(name_ok and value_ok, case["accept"])
+                if name in stepwatch.PHASES:
+                    # Not a section name, but phase()'s own: the built-in phase.
+                    self.assertIs(rep.phase(name), rep._phase_scopes[name])
+                elif name_ok:
+                    self.assertIsNotNone(rep.phase(name))
+                else:
+                    with self.assertRaises(ValueError):
+                        rep.phase(name)
+                    checked += 1
+        self.assertGreaterEqual(checked, 7)
 
     def test_job_that_is_not_utf8_is_refused(self):
         accepted, _ = self.verdict({"job": "llm\udcff", "rank": 0, "world_size": 1,

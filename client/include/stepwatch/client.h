@@ -7,6 +7,7 @@
 //     stepwatch::StepScope step(reporter, /*samples=*/batch_size);
 //     { stepwatch::PhaseScope p(step, stepwatch::Phase::kData); batch = NextBatch(); }
 //     { stepwatch::PhaseScope p(step, stepwatch::Phase::kCompute); Train(batch); }
+//     { stepwatch::PhaseScope p(step, "optimizer"); optimizer.Step(); }  // a named section
 //   }  // the step's event is sent when `step` goes out of scope
 //
 // Each step is one JSON message (the step-event datagram v1, docs/step-event.md) to the agent: a
@@ -40,6 +41,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -59,6 +61,11 @@ inline constexpr double kMaxSeconds = 86400;
 // world_size (rank is below it); local_rank and gpu. dp_rank, pp_stage, tp_rank: any int >= 0.
 inline constexpr int kMaxWorldSize = 1 << 20;
 inline constexpr int kMaxGpuIndex = 1023;
+// Named sections ("sections"): at most kMaxSections per event (and per Reporter here), each name
+// 1 to kMaxSectionNameBytes bytes of [A-Za-z0-9_.:/-] other than the built-in phases' names
+// (data, compute, comm); values 0 to kMaxSeconds.
+inline constexpr int kMaxSections = 16;
+inline constexpr size_t kMaxSectionNameBytes = 64;
 // Suffix of the agent's seqpacket socket path.
 inline constexpr char kSeqpacketSuffix[] = ".seq";
 // Requested send buffer of a connection: the messages it holds while the agent is busy (the
@@ -78,6 +85,17 @@ struct StepRecord {
   std::optional<double> compute_s;  // >= 0, finite
   std::optional<double> comm_s;     // >= 0, finite
   std::optional<int64_t> samples;   // >= 0
+  // Named sections, by the Reporter's section ids (Reporter::SectionId): section_s[id] (>= 0,
+  // finite) is sent under the section's name when bit `id` of section_mask is set. Fixed-size, so
+  // that queueing a record allocates nothing.
+  uint16_t section_mask = 0;
+  double section_s[kMaxSections] = {};
+
+  void SetSection(int id, double seconds) noexcept {
+    if (id < 0 || id >= kMaxSections) return;
+    section_mask = static_cast<uint16_t>(section_mask | (1u << id));
+    section_s[id] = seconds;
+  }
 };
 
 struct ReporterOptions {
@@ -114,6 +132,8 @@ struct ReporterOptions {
 const char* ValidateJob(const std::string& job) noexcept;
 // Why the agent would refuse an event with these values (nullptr when it would not).
 const char* ValidateStepRecord(const StepRecord& record) noexcept;
+// Why the agent would refuse `name` as a section name (nullptr when it would not).
+const char* ValidateSectionName(std::string_view name) noexcept;
 
 class Reporter {
  public:
@@ -159,8 +179,20 @@ class Reporter {
   // Step numbering used by StepScope: a counter that follows the last step reported.
   int64_t next_step() const noexcept { return next_step_.load(std::memory_order_relaxed); }
 
+  // The id of section `name` on this reporter, registered on first use (ids 0, 1, ... in order of
+  // first use): -1 when the name is invalid (ValidateSectionName) or kMaxSections other names are
+  // registered; `*why` (when given) then says which. Thread-safe; lock-free once registered.
+  int SectionId(std::string_view name, const char** why = nullptr) noexcept;
+  // The registered section names, in id order.
+  int section_count() const noexcept { return section_count_.load(std::memory_order_acquire); }
+  const std::string& section_name(int id) const noexcept { return section_names_[id]; }
+
  private:
   friend class StepScope;
+  friend class PhaseScope;
+
+  // One warning on stderr (not a drop) about a section name that PhaseScope ignores.
+  void WarnSection(std::string_view name, const char* why) noexcept;
 
   void Configure(const ReporterOptions& options);
   bool SendNowLocked(const StepRecord& record) noexcept;
@@ -191,7 +223,14 @@ class Reporter {
   std::atomic<uint64_t> unreported_{0};
   std::atomic<int> transport_{0};
   std::atomic<bool> warned_{false};
+  std::atomic<bool> section_warned_{false};
   std::atomic<int64_t> next_step_{0};
+
+  // Section names: an entry below section_count_ is never written again, so it is read without a
+  // lock; sections_mu_ serializes registering.
+  std::mutex sections_mu_;
+  std::string section_names_[kMaxSections];
+  std::atomic<int> section_count_{0};
 
   // std::mutex, not absl::Mutex: this public header-only client must not depend on Abseil, so its
   // locks are exempt from the clang -Wthread-safety checks (the comments say what each guards).
@@ -247,35 +286,63 @@ class StepScope {
   Clock::duration phase_time_[3] = {};
   PhaseScope* active_ = nullptr;
   bool cancelled_ = false;
+  // Named sections: the time of each in this step, those entered in it, those open now, and for
+  // an open one the phase it counts toward and that phase's time when it was entered.
+  Clock::duration section_time_[kMaxSections] = {};
+  uint16_t section_used_ = 0;
+  uint16_t section_open_ = 0;
+  int8_t section_phase_[kMaxSections] = {};
+  Clock::duration section_base_[kMaxSections] = {};
 };
 
-// Times a phase of a step. Phases nest: an inner phase pauses the outer one, so communication
-// inside compute is not counted as compute.
+// Times a phase or a named section of a step.
+//
+// Phases (Phase::kData, kCompute, kComm, or the names "data", "compute", "comm") nest: an inner
+// phase pauses the outer one, so communication inside compute is not counted as compute.
+//
+// A named section (any other valid name: "forward", "backward", "optimizer", ...) is reported in
+// the event's "sections" and is not a phase of its own: its time counts toward compute_s, unless
+// it is entered inside a data or comm phase, whose time it then is. Its own time is the time that
+// counts toward that phase while it is open, so a data or comm phase inside it (waiting for other
+// ranks inside "backward") is left out of it; a section inside another section counts in both.
+// Using one name several times in a step adds up; the same name inside itself counts once. An
+// invalid name (ValidateSectionName) or a 17th name on a Reporter times nothing: ok() is false and
+// one warning goes to stderr (nothing here throws).
 class PhaseScope {
  public:
-  PhaseScope(StepScope& step, Phase phase) noexcept
-      : step_(step), index_(static_cast<int>(phase)), parent_(step.active_) {
+  PhaseScope(StepScope& step, Phase phase) noexcept : step_(step) {
+    EnterPhase(static_cast<int>(phase));
+  }
+  PhaseScope(StepScope& step, std::string_view name) noexcept;
+  PhaseScope(StepScope& step, const char* name) noexcept
+      : PhaseScope(step, std::string_view(name != nullptr ? name : "")) {}
+  PhaseScope(StepScope& step, const std::string& name) noexcept
+      : PhaseScope(step, std::string_view(name)) {}
+  ~PhaseScope();
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+  // False when the name was refused: the scope times nothing.
+  bool ok() const noexcept { return ok_; }
+
+ private:
+  friend class StepScope;
+
+  void EnterPhase(int index) noexcept {
+    index_ = index;
+    parent_ = step_.active_;
     const auto now = StepScope::Clock::now();
     if (parent_ != nullptr) step_.phase_time_[parent_->index_] += now - parent_->start_;
     step_.active_ = this;
     start_ = now;
   }
-  ~PhaseScope() {
-    const auto now = StepScope::Clock::now();
-    step_.phase_time_[index_] += now - start_;
-    if (parent_ != nullptr) parent_->start_ = now;
-    step_.active_ = parent_;
-  }
-  PhaseScope(const PhaseScope&) = delete;
-  PhaseScope& operator=(const PhaseScope&) = delete;
-
- private:
-  friend class StepScope;
 
   StepScope& step_;
-  int index_;
-  PhaseScope* parent_;
+  int index_ = -1;  // the phase this scope is in the chain of open phases as; -1: not in it
+  PhaseScope* parent_ = nullptr;
   StepScope::Clock::time_point start_;
+  int section_ = -1;  // the section this scope times; -1: none
+  bool ok_ = true;
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -440,6 +507,27 @@ inline const char* ValidateStepRecord(const StepRecord& r) noexcept {
     return "invalid step event: a phase duration is negative, not finite or over a day";
   }
   if (r.samples && *r.samples < 0) return "invalid step event: samples < 0";
+  for (int id = 0; id < kMaxSections; ++id) {
+    if ((r.section_mask & (1u << id)) != 0 && !client_internal::ValidDuration(r.section_s[id])) {
+      return "invalid step event: a section duration is negative, not finite or over a day";
+    }
+  }
+  return nullptr;
+}
+
+inline const char* ValidateSectionName(std::string_view name) noexcept {
+  if (name.empty()) return "section name is empty";
+  static_assert(kMaxSectionNameBytes == 64, "the message below names the limit");
+  if (name.size() > kMaxSectionNameBytes) return "section name is over 64 bytes";
+  for (const char ch : name) {
+    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                    (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' || ch == ':' || ch == '/' ||
+                    ch == '-';
+    if (!ok) return "section name has a character other than A-Za-z0-9_.:/-";
+  }
+  if (name == "data" || name == "compute" || name == "comm") {
+    return "section name is a built-in phase (data, compute, comm)";
+  }
   return nullptr;
 }
 
@@ -613,6 +701,26 @@ inline size_t Reporter::Encode(const StepRecord& r, char* buf, size_t capacity,
     w.Lit(",\"samples\":");
     w.Int(*r.samples);
   }
+  if (r.section_mask != 0) {
+    // Names need no escaping: they are [A-Za-z0-9_.:/-] only.
+    const int registered = section_count();
+    w.Lit(",\"sections\":{");
+    bool first = true;
+    for (int id = 0; id < kMaxSections; ++id) {
+      if ((r.section_mask & (1u << id)) == 0) continue;
+      if (id >= registered) {
+        w.ok = false;  // an id this reporter never gave out (Send() refuses such records)
+        break;
+      }
+      if (!first) w.Lit(",");
+      first = false;
+      w.Lit("\"");
+      w.Raw(section_names_[id].data(), section_names_[id].size());
+      w.Lit("\":");
+      w.Double(r.section_s[id]);
+    }
+    w.Lit("}");
+  }
   if (dropped > 0) {
     w.Lit(",\"dropped\":");
     w.Int(static_cast<int64_t>(dropped));
@@ -628,6 +736,10 @@ inline bool Reporter::Send(const StepRecord& record) noexcept {
   }
   if (const char* invalid = ValidateStepRecord(record)) {
     Drop(invalid, 0);
+    return false;
+  }
+  if ((record.section_mask >> section_count()) != 0) {
+    Drop("invalid step event: a section id this reporter did not give out", 0);
     return false;
   }
   if (!thread_.joinable()) {
@@ -796,6 +908,102 @@ inline void Reporter::Drop(const char* reason, int err) noexcept {
   }
 }
 
+inline int Reporter::SectionId(std::string_view name, const char** why) noexcept {
+  const int known = section_count_.load(std::memory_order_acquire);
+  for (int id = 0; id < known; ++id) {
+    if (section_names_[id] == name) return id;
+  }
+  const char* invalid = ValidateSectionName(name);
+  if (invalid == nullptr) {
+    std::lock_guard<std::mutex> lock(sections_mu_);
+    const int n = section_count_.load(std::memory_order_relaxed);
+    for (int id = known; id < n; ++id) {
+      if (section_names_[id] == name) return id;
+    }
+    if (n < kMaxSections) {
+      try {
+        section_names_[n].assign(name.data(), name.size());
+      } catch (...) {
+        if (why != nullptr) *why = "out of memory";
+        return -1;
+      }
+      section_count_.store(n + 1, std::memory_order_release);
+      return n;
+    }
+    invalid = "more than 16 section names on one reporter";
+  }
+  if (why != nullptr) *why = invalid;
+  return -1;
+}
+
+inline void Reporter::WarnSection(std::string_view name, const char* why) noexcept {
+  if (section_warned_.exchange(true) || !options_.warn_on_stderr) return;
+  // The name as given, shortened and with anything unprintable as '?': it goes to a terminal.
+  char shown[kMaxSectionNameBytes + 1];
+  size_t n = 0;
+  for (; n < name.size() && n < kMaxSectionNameBytes; ++n) {
+    const unsigned char c = static_cast<unsigned char>(name[n]);
+    shown[n] = c >= 0x20 && c < 0x7F ? static_cast<char>(c) : '?';
+  }
+  shown[n] = '\0';
+  std::fprintf(stderr, "stepwatch: section \"%s%s\" ignored: %s. This warning is not repeated.\n",
+               shown, name.size() > n ? "..." : "", why);
+}
+
+inline PhaseScope::PhaseScope(StepScope& step, std::string_view name) noexcept : step_(step) {
+  static constexpr std::string_view kPhaseNames[] = {"data", "compute", "comm"};
+  for (int p = 0; p < 3; ++p) {
+    if (name == kPhaseNames[p]) {
+      EnterPhase(p);
+      return;
+    }
+  }
+  const char* why = nullptr;
+  const int id = step.reporter_.SectionId(name, &why);
+  if (id < 0) {
+    ok_ = false;
+    step.reporter_.WarnSection(name, why);
+    return;
+  }
+  const uint16_t bit = static_cast<uint16_t>(1u << id);
+  step_.section_used_ = static_cast<uint16_t>(step_.section_used_ | bit);
+  if ((step_.section_open_ & bit) != 0) return;  // inside itself: the outer scope times it
+  step_.section_open_ = static_cast<uint16_t>(step_.section_open_ | bit);
+  section_ = id;
+  int phase = 1;  // outside any phase: compute
+  if (step_.active_ == nullptr) {
+    EnterPhase(phase);  // in the chain as compute, so that phases inside it pause it
+  } else {
+    // Inside a phase: the section is that phase's time. Bring its count up to now.
+    PhaseScope* active = step_.active_;
+    const auto now = StepScope::Clock::now();
+    step_.phase_time_[active->index_] += now - active->start_;
+    active->start_ = now;
+    phase = active->index_;
+  }
+  step_.section_phase_[id] = static_cast<int8_t>(phase);
+  step_.section_base_[id] = step_.phase_time_[phase];
+}
+
+inline PhaseScope::~PhaseScope() {
+  const auto now = StepScope::Clock::now();
+  if (index_ >= 0) {
+    // In the chain (a phase, or a section entered outside any phase).
+    step_.phase_time_[index_] += now - start_;
+    if (parent_ != nullptr) parent_->start_ = now;
+    step_.active_ = parent_;
+  } else if (section_ >= 0 && step_.active_ != nullptr) {
+    PhaseScope* active = step_.active_;
+    step_.phase_time_[active->index_] += now - active->start_;
+    active->start_ = now;
+  }
+  if (section_ >= 0) {
+    const int phase = step_.section_phase_[section_];
+    step_.section_time_[section_] += step_.phase_time_[phase] - step_.section_base_[section_];
+    step_.section_open_ = static_cast<uint16_t>(step_.section_open_ & ~(1u << section_));
+  }
+}
+
 inline StepScope::~StepScope() {
   if (cancelled_) return;
   const auto end = Clock::now();
@@ -803,6 +1011,12 @@ inline StepScope::~StepScope() {
     // A phase still open (scopes destroyed out of order): count it up to now.
     phase_time_[active_->index_] += end - active_->start_;
     active_->start_ = end;
+  }
+  for (int id = 0; id < kMaxSections; ++id) {
+    if ((section_open_ & (1u << id)) == 0) continue;
+    // A section still open (likewise): up to now.
+    section_time_[id] += phase_time_[section_phase_[id]] - section_base_[id];
+    section_base_[id] = phase_time_[section_phase_[id]];
   }
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   StepRecord r;
@@ -812,6 +1026,9 @@ inline StepScope::~StepScope() {
   if (phase_time_[1].count() > 0) r.compute_s = seconds(phase_time_[1]);
   if (phase_time_[2].count() > 0) r.comm_s = seconds(phase_time_[2]);
   if (samples_ >= 0) r.samples = samples_;
+  for (int id = 0; id < kMaxSections; ++id) {
+    if ((section_used_ & (1u << id)) != 0) r.SetSection(id, seconds(section_time_[id]));
+  }
   reporter_.next_step_.store(step_ + 1, std::memory_order_relaxed);
   reporter_.Send(r);
 }

@@ -24,10 +24,13 @@ class EngineStragglerDetectorTest : public ::testing::Test {
   DetectorFixture fx_;
 };
 
-TEST_F(EngineStragglerDetectorTest, FlagsTheBusierRankAfterItsWindowAndClears) {
-  Steps(0, 15, 0.48);
-  EXPECT_TRUE(fx_.Findings().empty()) << "flagged before the window filled";
-  Steps(15, 16, 0.48);
+TEST_F(EngineStragglerDetectorTest, FlagsTheBusierRankOnceItsNoiseIsKnownAndClears) {
+  // Before the ranks' own noise is known, the spread across the healthy peers stands for it, once
+  // four steps (with four peers) have measured it; one step adds at most half the threshold, so
+  // no single step flags a rank.
+  Steps(0, 4, 0.48);
+  EXPECT_TRUE(fx_.Findings().empty()) << "flagged before any noise was measured";
+  Steps(4, 12, 0.48);
   std::vector<Finding> found = fx_.Findings();
   ASSERT_EQ(found.size(), 1u);
   const Finding& f = found[0];
@@ -37,23 +40,26 @@ TEST_F(EngineStragglerDetectorTest, FlagsTheBusierRankAfterItsWindowAndClears) {
   EXPECT_EQ(f.ranks, std::vector<int>{2});
   EXPECT_EQ(f.node, "node-2");
   EXPECT_EQ(f.gpu, 0);
-  EXPECT_EQ(f.since_step, 0);                  // the first over-margin step of the run
-  EXPECT_EQ(f.severity, Severity::kCritical);  // 0.48 / 0.305 >= critical_ratio 1.5
+  EXPECT_EQ(f.since_step, 0);                  // slow from the first step it reported
+  EXPECT_EQ(f.severity, Severity::kCritical);  // 0.48 / 0.30 >= critical_ratio 1.5
   EXPECT_FALSE(f.persistent);
   EXPECT_EQ(f.cause, Cause::kUnknown);
-  EXPECT_NEAR(f.evidence.compute_vs_median_ratio.value_or(0), 0.48 / 0.305, 0.01);
-  EXPECT_NEAR(f.evidence.busy_vs_median_ratio.value_or(0), 0.48 / 0.305, 0.01);
+  // Against the healthy peers (0.30, 0.31, 0.29): their median once the split is seen, the
+  // median of all four (0.305) in the first steps.
+  EXPECT_NEAR(f.evidence.compute_vs_median_ratio.value_or(0), 0.48 / 0.30, 0.02);
+  EXPECT_NEAR(f.evidence.busy_vs_median_ratio.value_or(0), 0.48 / 0.30, 0.02);
   EXPECT_FALSE(f.evidence.data_excess_seconds.has_value());
+  EXPECT_FALSE(f.evidence.section.has_value());
   ASSERT_EQ(f.evidence.devices.size(), 1u);
   EXPECT_EQ(f.evidence.devices[0].gpu, -1) << "no GPU readings";
-  EXPECT_EQ(f.summary,
-            "rank 2 on node-2 GPU 0: compute +57% vs median; cause unknown (no GPU readings) "
-            "(transient so far)");
+  EXPECT_THAT(f.summary, HasSubstr("rank 2 on node-2 GPU 0: compute +5"));
+  EXPECT_THAT(f.summary, HasSubstr("% vs median; cause unknown (no GPU readings) "
+                                   "(transient so far)"));
 
   const RankSnapshot rs = fx_.Rank(2);
   EXPECT_TRUE(rs.straggler);
   EXPECT_TRUE(rs.comparable);
-  EXPECT_NEAR(rs.busy_vs_median_ratio, 0.48 / 0.305, 0.01);
+  EXPECT_NEAR(rs.busy_vs_median_ratio, 0.48 / 0.30, 0.02);
   EXPECT_FALSE(fx_.Rank(0).straggler);
 
   Steps(16, 40, 0.30);
