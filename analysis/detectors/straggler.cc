@@ -89,9 +89,10 @@ TestRound::TestRound(double sigma, double min_effect_in, double h_in, double h_c
       step(step_in),
       nanos(nanos_in) {
   const double s2 = sigma * sigma;
-  for (int j = 0; j <= SeriesTest::kBank; ++j) {
-    // The last entry is the clearing test's: "min_effect slower" against "as fast".
-    const double d = min_effect * (j < SeriesTest::kBank ? (1 << j) : 1);
+  this->sigma = sigma;
+  sigma2 = s2;
+  for (int j = 0; j < SeriesTest::kBank; ++j) {
+    const double d = min_effect * (1 << j);
     coef[j] = d / s2;
     half[j] = d / 2;
     lo[j] = -kClipSigmas * sigma - d;
@@ -101,7 +102,8 @@ TestRound::TestRound(double sigma, double min_effect_in, double h_in, double h_c
 
 bool UpdateSeriesTest(double rel, double abs, const TestRound& round, SeriesTest* t) {
   if (t->tested_from < 0) t->tested_from = round.step;
-  const double cap = round.h / 2;
+  // Two full steps reach the threshold (float sums must not fall short of it by a rounding).
+  const double cap = round.h / 2 * (1 + 1e-6);
   for (int j = 0; j < SeriesTest::kBank; ++j) {
     const double x = Clamp(rel, round.lo[j], round.hi[j]);
     const double inc = std::min(round.coef[j] * (x - round.half[j]), cap);
@@ -137,14 +139,17 @@ bool UpdateSeriesTest(double rel, double abs, const TestRound& round, SeriesTest
     t->since_nanos = t->start_nanos[best];
     t->effect_sum = t->sum_rel[best];
     t->effect_steps = t->count[best];
+    t->flagged_effect = static_cast<float>(t->Effect());
     return true;
   }
   t->effect_sum += rel;
   ++t->effect_steps;
-  // "Back among its peers" (mean 0) against "still the minimum effect slower".
-  constexpr int c = SeriesTest::kBank;
-  const double x = Clamp(rel, round.lo[c], round.hi[c]);
-  const double inc = std::min(round.coef[c] * (round.half[c] - x), round.h_clear / 2);
+  // "Back among its peers" (mean 0) against "still slower by half the effect it was flagged
+  // with" (at least the minimum effect): a burst of slow steps clears in about as many steps as
+  // it took to flag, a rank still the minimum effect slower stays flagged.
+  const double d = std::max(round.min_effect, t->flagged_effect / 2.0);
+  const double x = Clamp(rel, -kClipSigmas * round.sigma - d, d + kClipSigmas * round.sigma);
+  const double inc = std::min(d / round.sigma2 * (d / 2 - x), round.h_clear / 2);
   t->clear = static_cast<float>(std::max(0.0, t->clear + inc));
   if (t->clear < round.h_clear) return false;
   t->flagged = false;
@@ -171,7 +176,7 @@ static void BackdateOnset(RankScores* r) {
 RankScores& StragglerState::Mutable(int rank, int window) {
   if (static_cast<size_t>(rank) >= ranks_.size()) {
     ranks_.resize(rank + 1);
-    slow_cluster_.resize(rank + 1);
+    exclusion_.resize(rank + 1);
   }
   if (!ranks_[rank]) {
     ranks_[rank] = std::make_unique<RankScores>();
@@ -201,7 +206,7 @@ bool StragglerDetector::SplitLevels(const std::vector<Entry>& es, StragglerState
   levels_.clear();
   for (size_t k = 0; k < peers_.size(); ++k) {
     const int rank = es[peers_[k]].rank;
-    st.SetSlowCluster(rank, false);
+    st.SetExclusion(rank, 0);
     const RankScores* r = st.Of(rank);
     if (r != nullptr && r->busy.level_steps >= kWarmupSteps) levels_.push_back({r->busy.level, k});
   }
@@ -242,21 +247,55 @@ bool StragglerDetector::SplitLevels(const std::vector<Entry>& es, StragglerState
   };
   size_t fast = m;
   for (size_t j = split(m); j > 0; j = split(fast)) fast = j;
-  if (fast == m) return false;
-  for (size_t i = fast; i < m; ++i) st.SetSlowCluster(es[peers_[levels_[i].second]].rank, true);
-  return true;
+  for (size_t i = fast; i < m; ++i) {
+    st.SetExclusion(es[peers_[levels_[i].second]].rank, StragglerState::kSlowCluster);
+  }
+  // Within the fast cluster, the reference is the mean of its central part: ranks more than the
+  // minimum effect from its median level (persistently faster ones with less data, a rank
+  // drifting up) would move a mean, while the mean of the central part keeps every exchangeable
+  // rank's excess at mean 0 however skewed the noise. At least half of all levels stay in.
+  const double centre = levels_[(fast - 1) / 2].first;
+  size_t outliers = 0;
+  for (size_t i = 0; i < fast; ++i) outliers += std::fabs(levels_[i].first - centre) > min_effect;
+  if (2 * (fast - outliers) >= m) {
+    for (size_t i = 0; i < fast; ++i) {
+      if (std::fabs(levels_[i].first - centre) > min_effect) {
+        st.SetExclusion(es[peers_[levels_[i].second]].rank, StragglerState::kOutlier);
+      }
+    }
+  }
+  return fast < m;
 }
 
 void StragglerDetector::ChooseHealthy(const std::vector<Entry>& es, const StragglerState& st,
-                                      bool split) {
+                                      double h, double min_effect) {
+  // The fast cluster's central part (SplitLevels), less the suspects: ranks whose evidence of a
+  // slowdown of at least the minimum effect is half-way to a flag (or past it), at most a quarter
+  // of the peers, so that a slow
+  // minority does not drag the mean before the levels show it. Leaving out every rank that gathers
+  // evidence would cascade: each one left out lowers the reference until the next rank of an
+  // evenly spread job is over it; a quarter cannot move the rest by more than the minimum effect
+  // requires.
   const size_t n = peers_.size();
   healthy_.assign(n, 1);
-  // The fast cluster when the levels split, else every peer. Leaving out only the ranks already
-  // flagged would cascade: each one left out lowers the median until the next rank of an evenly
-  // spread job is over it.
-  if (!split) return;
+  size_t suspects = 0;
   for (size_t k = 0; k < n; ++k) {
-    if (st.InSlowCluster(es[peers_[k]].rank)) healthy_[k] = 0;
+    const int rank = es[peers_[k]].rank;
+    if (st.Exclusion(rank) != 0) {
+      healthy_[k] = 0;
+      continue;
+    }
+    const RankScores* r = st.Of(rank);
+    if (r == nullptr || 4 * (suspects + 1) > n) continue;
+    const SeriesTest& t = r->busy;
+    bool suspect = t.flagged && t.Effect() >= min_effect;
+    for (int j = 0; j < SeriesTest::kBank && !suspect; ++j) {
+      suspect = t.cusum[j] >= h / 2 && t.sum_rel[j] >= min_effect * t.count[j];
+    }
+    if (suspect) {
+      healthy_[k] = 0;
+      ++suspects;
+    }
   }
 }
 
@@ -287,19 +326,32 @@ void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, si
   // slow_ref: the slow cluster's median when the peers split. A rank of the fast cluster holds the
   // job back only once it is slower than that: it is tested against it.
   double ref = 0, ref_compute = 0, ref_data = 0, slow_ref = 0;
+  const size_t sections_in_job = view.job.section_names.size();
+  const double h = std::log(static_cast<double>(n)) +
+                   std::log(1.0 / opt.straggler_false_alarm_per_step) +
+                   std::log(static_cast<double>(SeriesTest::kBank)) +
+                   std::log(1.0 + static_cast<double>(sections_in_job));
   if (n >= 3) {
     if (refresh) group.split = SplitLevels(es, st, min_effect);
-    ChooseHealthy(es, st, group.split);
-    auto healthy_median = [&](double Entry::*field) {
-      scratch_.clear();
-      for (size_t k = 0; k < n; ++k) {
-        if (healthy_[k]) scratch_.push_back(es[peers_[k]].*field);
-      }
-      return MedianInPlace(scratch_);
-    };
-    ref = healthy_median(&Entry::busy);
-    ref_compute = healthy_median(&Entry::compute);
-    ref_data = healthy_median(&Entry::data);
+    ChooseHealthy(es, st, h, min_effect);
+    // The healthy peers' mean, not their median (the split already left out the outliers of either
+    // side): with it every healthy rank's excess has mean 0
+    // (they sum to 0 each step) however skewed the noise is. Real steps have a heavy right tail
+    // (a rank descheduled for a step takes 5x as long): against a median, which the tail does not
+    // move, every rank would show a positive mean excess and, given enough steps, be flagged.
+    double count = 0;
+    for (size_t k = 0; k < n; ++k) {
+      if (!healthy_[k]) continue;
+      const Entry& e = es[peers_[k]];
+      ref += e.busy;
+      ref_compute += e.compute;
+      ref_data += e.data;
+      ++count;
+    }
+    if (count == 0) return;  // cannot happen: a split keeps at least half of the peers
+    ref /= count;
+    ref_compute /= count;
+    ref_data /= count;
     if (group.split) {
       scratch_.clear();
       for (size_t k = 0; k < n; ++k) {
@@ -346,9 +398,7 @@ void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, si
   Round round;
   round.step = step.step;
   round.nanos = step.nanos;
-  round.h = std::log(static_cast<double>(n)) + std::log(1.0 / opt.straggler_false_alarm_per_step) +
-            std::log(static_cast<double>(SeriesTest::kBank)) +
-            std::log(1.0 + static_cast<double>(sections));
+  round.h = h;
   round.h_clear = std::log(1.0 / opt.straggler_clear_false_alarm);
   round.abs_floor =
       std::max(opt.straggler_abs_margin_seconds, opt.straggler_step_fraction * step.step_seconds);
@@ -393,7 +443,11 @@ void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, si
     if (r.scores.Push(sc, &old)) r.sum_ratio -= old.busy / old.ref;
     r.sum_ratio += sc.busy / sc.ref;
     const double rel = e.busy / rank_ref - 1;
-    const double paced_ref = slow_ref > 0 && !st.InSlowCluster(e.rank) ? slow_ref : rank_ref;
+    // A rank of the fast cluster that is not flagged is tested against the slow cluster; a flagged
+    // one clears once back among the healthy peers, wherever the split now puts it.
+    const bool paced =
+        slow_ref > 0 && !r.busy.flagged && !(st.Exclusion(e.rank) & StragglerState::kSlowCluster);
+    const double paced_ref = paced ? slow_ref : rank_ref;
     const double paced_rel = e.busy / paced_ref - 1;
     const double abs = e.busy - paced_ref;
     if (test) {
@@ -443,37 +497,27 @@ void StragglerDetector::ScoreSections(const JobView& view, const std::vector<Ent
   const EngineOptions& opt = view.options;
   const double min_effect = opt.straggler_rel_margin;
   const size_t sections = view.job.section_names.size();
-  struct Value {
-    RankScores* rank;
-    float seconds;
-  };
-  std::vector<Value> values;
-  for (size_t s = 0; s < sections; ++s) {
-    values.clear();
-    for (size_t i : peers_) {
-      const Entry& e = es[i];
-      for (const auto& [index, seconds] : e.sections) {
-        if (index != s) continue;
-        RankScores& r = st.Mutable(e.rank, opt.straggler_window);
-        if (r.sections.size() < sections) r.sections.resize(sections);
-        values.push_back({&r, seconds});
-      }
+  // One pass over the peers sorts their section values by section.
+  by_section_.resize(sections);
+  for (auto& values : by_section_) values.clear();
+  for (size_t i : peers_) {
+    const Entry& e = es[i];
+    if (e.sections.empty()) continue;
+    RankScores& r = st.Mutable(e.rank, opt.straggler_window);
+    if (r.sections.size() < sections) r.sections.resize(sections);
+    for (const auto& [index, seconds] : e.sections) {
+      if (index < sections) by_section_[index].push_back({&r, seconds});
     }
+  }
+  for (size_t s = 0; s < sections; ++s) {
+    const std::vector<SectionValue>& values = by_section_[s];
     const size_t m = values.size();
     if (m < 2) continue;
     double ref = 0;
     if (m >= 3) {
-      // The median of the peers not flagged in this section (while those are at most half).
-      scratch_.clear();
-      for (const Value& v : values) {
-        const SeriesTest& t = v.rank->sections[s];
-        if (!(t.flagged && t.Effect() >= min_effect)) scratch_.push_back(v.seconds);
-      }
-      if (2 * scratch_.size() < m) {
-        scratch_.clear();
-        for (const Value& v : values) scratch_.push_back(v.seconds);
-      }
-      ref = MedianInPlace(scratch_);
+      // The mean of every peer, as for busy time (leaving out the flagged ones would cascade).
+      for (const SectionValue& v : values) ref += v.seconds;
+      ref /= static_cast<double>(m);
     }
     const double sigma_measured = PeerNoise(
         m, [&](size_t k) { return &values[k].rank->sections[s]; }, &scratch_);

@@ -68,6 +68,7 @@ struct SeriesTest {
   float clear = 0;
   double effect_sum = 0;
   int64_t effect_steps = 0;
+  float flagged_effect = 0;  // the mean excess since the change point when it was flagged
   int64_t since_step = 0;
   int64_t since_nanos = 0;
 
@@ -100,16 +101,17 @@ class StragglerState : public DetectorState {
   void Erase(int rank) {
     if (static_cast<size_t>(rank) >= ranks_.size()) return;
     ranks_[rank].reset();
-    slow_cluster_[rank] = 0;
+    exclusion_[rank] = 0;
   }
 
-  // Whether a rank was in the slow cluster of its group's last split (left out of the reference),
-  // by rank: dense, as it is read for every peer each step.
-  bool InSlowCluster(int rank) const {
-    return static_cast<size_t>(rank) < slow_cluster_.size() && slow_cluster_[rank];
+  // Why a rank is left out of its peers' reference at the group's last split, by rank (dense: read
+  // for every peer each step): in the slow cluster, or an outlier of the fast one.
+  static constexpr uint8_t kSlowCluster = 1, kOutlier = 2;
+  uint8_t Exclusion(int rank) const {
+    return static_cast<size_t>(rank) < exclusion_.size() ? exclusion_[rank] : 0;
   }
-  void SetSlowCluster(int rank, bool on) {
-    if (static_cast<size_t>(rank) < slow_cluster_.size()) slow_cluster_[rank] = on;
+  void SetExclusion(int rank, uint8_t bits) {
+    if (static_cast<size_t>(rank) < exclusion_.size()) exclusion_[rank] = bits;
   }
 
   // Some rank's flag changed in the last step.
@@ -134,7 +136,7 @@ class StragglerState : public DetectorState {
   // By rank, up to the highest rank scored: a sample claiming a huge world size costs nothing
   // here until its ranks report full steps.
   std::vector<std::unique_ptr<RankScores>> ranks_;
-  std::vector<uint8_t> slow_cluster_;
+  std::vector<uint8_t> exclusion_;
   std::map<int64_t, Group> groups_;
 };
 
@@ -166,12 +168,13 @@ class StragglerDetector : public Detector {
   };
   void ScoreGroup(const JobView& view, const StepView& step, size_t begin, size_t end,
                   StragglerState& st);
-  // Splits the peers' busy levels into a fast and a slow cluster when they are clearly separate
-  // (RankScores::slow_cluster); false when they are not.
+  // Splits the peers' busy levels into a fast and a slow cluster when they are clearly separate,
+  // and marks the fast cluster's outliers (StragglerState::Exclusion); false without a split.
   bool SplitLevels(const std::vector<Entry>& es, StragglerState& st, double min_effect);
-  // Marks in healthy_ (by position in peers_) the fast cluster when the levels split, else every
-  // peer.
-  void ChooseHealthy(const std::vector<Entry>& es, const StragglerState& st, bool split);
+  // Marks in healthy_ (by position in peers_) the peers that form the reference; `h` is the flag
+  // threshold.
+  void ChooseHealthy(const std::vector<Entry>& es, const StragglerState& st, double h,
+                     double min_effect);
   // The rank's flag from its series' (busy time and sections).
   static void UpdateRankFlag(RankScores* r, StragglerState* st);
   void ScoreSections(const JobView& view, const std::vector<Entry>& es, const Round& round,
@@ -184,6 +187,11 @@ class StragglerDetector : public Detector {
   std::vector<char> healthy_;
   std::vector<std::pair<float, size_t>> levels_;
   std::vector<double> prefix_, prefix_sq_;
+  struct SectionValue {
+    RankScores* rank;
+    float seconds;
+  };
+  std::vector<std::vector<SectionValue>> by_section_;
   std::vector<RankScores*> scored_;
 };
 
@@ -194,8 +202,9 @@ struct TestRound {
             int64_t step, int64_t nanos);
   double min_effect, h, h_clear, abs_floor;
   int64_t step, nanos;
-  // The bank's statistics, then the clearing test's.
-  std::array<double, SeriesTest::kBank + 1> coef, half, lo, hi;
+  double sigma = 0, sigma2 = 0;
+  // The bank's statistics.
+  std::array<double, SeriesTest::kBank> coef, half, lo, hi;
 };
 
 // Updates `t` with one step's relative excess `rel` (and `abs` seconds); true when its flag

@@ -159,6 +159,8 @@ class Reporter:
         self._step_scope = _StepScope(self)
         # phase() looks every name up here: the three phases, then each section once it was used.
         self._phase_scopes = dict(zip(PHASES, self._step_scope.phases))
+        # New section names over the limit, timed as compute instead (phase()).
+        self.sections_folded = 0
         self._section_count = 0
         self._checked_sections = set()
         self._nest_warned = False
@@ -441,8 +443,9 @@ class Reporter:
         counts in both; uses of one name in a step add up.
 
         Raises ValueError for a name the agent would refuse (1 to 64 characters of
-        A-Za-z0-9_.:/-) and for a 17th section name on this reporter: a programming error, raised
-        at its first use, never an event lost in silence. Nothing else here raises.
+        A-Za-z0-9_.:/-): a programming error, raised at its first use, never an event lost in
+        silence. Nothing else here raises. A 17th section name on this reporter is timed as
+        compute, with one warning, and counted in `sections_folded`.
         """
         try:
             return self._phase_scopes[name]
@@ -455,10 +458,17 @@ class Reporter:
         if error is not None:
             raise ValueError("stepwatch.phase(): " + error)
         if self._section_count >= _MAX_SECTIONS:
-            raise ValueError(
-                "stepwatch.phase(%r): a reporter has at most %d section names (the agent's limit "
-                "per event, and the collector keeps %d per job)" % (
-                    name, _MAX_SECTIONS, _MAX_SECTIONS))
+            # A name first used late in a run (a checkpoint section at step 10,000) must not stop
+            # the job: its time is folded into compute, said once, and counted.
+            self.sections_folded += 1
+            if self.sections_folded == 1:
+                self._log.warning(
+                    "stepwatch.phase(%r): a reporter has at most %d section names (the agent's "
+                    "limit per event, and the collector keeps %d per job); this and later new "
+                    "names are timed as compute", name, _MAX_SECTIONS, _MAX_SECTIONS)
+            scope = self._phase_scopes["compute"]
+            self._phase_scopes[name] = scope
+            return scope
         scope = _SectionScope(self._step_scope, name)
         self._section_count += 1
         self._phase_scopes[name] = scope

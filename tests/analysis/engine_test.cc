@@ -339,7 +339,9 @@ TEST(EngineTest, TransientStragglerIsNotPersistent) {
   auto f = Of(e, FindingKind::kStraggler);
   ASSERT_EQ(f.size(), 1u);
   EXPECT_FALSE(f[0].persistent);
-  EXPECT_GE(f[0].since_step, 100);
+  // The change point: the step after the statistic last stood at zero (noise may lift it a step
+  // early).
+  EXPECT_GE(f[0].since_step, 98);
   EXPECT_LE(f[0].since_step, 110);
 }
 
