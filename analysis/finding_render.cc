@@ -64,17 +64,17 @@ std::string RankList(const std::vector<int>& v, int64_t total) {
 std::string SplitText(const Evidence& e) {
   // A straggler found in one named section: the step's sum may not show it at all.
   if (e.section && e.section_vs_reference_ratio) {
-    return absl::StrFormat("section %s %+.0f%% vs median", *e.section,
+    return absl::StrFormat("section %s %+.0f%% vs peers", *e.section,
                            (*e.section_vs_reference_ratio - 1) * 100);
   }
   if (e.data_excess_seconds) {
-    return absl::StrCat("data loading +", Seconds(*e.data_excess_seconds), " vs median");
+    return absl::StrCat("data loading +", Seconds(*e.data_excess_seconds), " vs peers");
   }
   if (e.compute_vs_median_ratio) {
-    return absl::StrFormat("compute %+.0f%% vs median", (*e.compute_vs_median_ratio - 1) * 100);
+    return absl::StrFormat("compute %+.0f%% vs peers", (*e.compute_vs_median_ratio - 1) * 100);
   }
   if (e.busy_vs_median_ratio) {
-    return absl::StrFormat("busy %+.0f%% vs median", (*e.busy_vs_median_ratio - 1) * 100);
+    return absl::StrFormat("busy %+.0f%% vs peers", (*e.busy_vs_median_ratio - 1) * 100);
   }
   return "slower than its peers";
 }
@@ -112,7 +112,7 @@ std::string SlowNodeSummary(const Finding& f) {
   const int64_t slow = e.slow_rank_count.value_or(0), all = e.node_rank_count.value_or(0);
   std::string s = slow == all ? absl::StrFormat("%s: all %d ranks slow", f.node, all)
                               : absl::StrFormat("%s: %d of %d ranks slow", f.node, slow, all);
-  absl::StrAppend(&s, absl::StrFormat(", busy %+.0f%% vs median",
+  absl::StrAppend(&s, absl::StrFormat(", busy %+.0f%% vs peers",
                                       (e.busy_vs_median_ratio.value_or(1) - 1) * 100));
   // Where the node's excess lies (the first rank's split), when it is known to lie somewhere.
   if (e.data_excess_seconds || e.compute_vs_median_ratio) {

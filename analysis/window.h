@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "analysis/engine.h"
 #include "analysis/ring.h"
 
@@ -28,8 +29,9 @@ struct Entry {
   bool stale = false;          // split taken from a GPU reading already used: no new evidence
   bool unknown_split = false;  // step_only with no SM activity: busy is the step, not evidence
   bool forgotten = false;      // its rank was removed (RemoveNode) after it reported
-  // Named sections: (index in the job's section names, seconds), ordered by index.
-  std::vector<std::pair<uint8_t, float>> sections;
+  // Named sections: (index in the job's section names, seconds), ordered by index. Inline up to
+  // four: one allocation per rank and step would cost more than scoring them.
+  absl::InlinedVector<std::pair<uint8_t, float>, 4> sections;
 };
 
 // A step some ranks reported, not complete yet.

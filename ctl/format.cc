@@ -205,9 +205,10 @@ std::string FormatWhatIf(const v1::ExplainResponse& e, bool breakdown_known) {
     double speedup;
   };
   std::vector<Fix> fixes;
-  for (const Fix& f : {Fix{"stragglers", "stragglers fixed (no rank slower than the median)", 0},
-                       Fix{"overlap", "communication fully overlapped with compute", 0},
-                       Fix{"data", "no data-loading stall", 0}}) {
+  for (const Fix& f :
+       {Fix{"stragglers", "stragglers fixed (as fast as the healthy ranks)", 0},
+        Fix{"overlap", "communication fully overlapped with compute", 0},
+        Fix{"data", "no data-loading stall", 0}, Fix{"pipeline", "pipeline stages balanced", 0}}) {
     auto it = e.whatif_speedup_ratio().find(f.key);
     if (it == e.whatif_speedup_ratio().end() || !std::isfinite(it->second)) continue;
     fixes.push_back({f.key, f.label, it->second});
@@ -219,9 +220,20 @@ std::string FormatWhatIf(const v1::ExplainResponse& e, bool breakdown_known) {
                    [](const Fix& a, const Fix& b) { return a.speedup > b.speedup; });
   std::vector<std::vector<std::string>> rows;
   for (const Fix& f : fixes) {
-    const bool bound = std::string(f.key) == "overlap";
-    rows.push_back({absl::StrCat("  ", f.label), absl::StrFormat("%.2fx faster", f.speedup),
-                    bound ? "(upper bound: some communication cannot overlap)" : ""});
+    // What the step events can support: a bound says which side the real gain lies on. Without
+    // a kind (an older collector) overlap is the one bound.
+    auto kind = e.whatif_kind().find(f.key);
+    const std::string k = kind != e.whatif_kind().end()     ? kind->second
+                          : std::string(f.key) == "overlap" ? "upper_bound"
+                                                            : "estimate";
+    const char* note = "";
+    if (k == "upper_bound") {
+      note = std::string(f.key) == "overlap" ? "(upper bound: some communication cannot overlap)"
+                                             : "(upper bound)";
+    } else if (k == "lower_bound") {
+      note = "(lower bound)";
+    }
+    rows.push_back({absl::StrCat("  ", f.label), absl::StrFormat("%.2fx faster", f.speedup), note});
   }
   std::string out = FormatTable(rows);
   const WhatIfSummary summary = SummarizeWhatIf(e);

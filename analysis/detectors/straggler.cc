@@ -515,9 +515,41 @@ void StragglerDetector::ScoreSections(const JobView& view, const std::vector<Ent
     if (m < 2) continue;
     double ref = 0;
     if (m >= 3) {
-      // The mean of every peer, as for busy time (leaving out the flagged ones would cascade).
-      for (const SectionValue& v : values) ref += v.seconds;
-      ref /= static_cast<double>(m);
+      // As for busy time, the mean of the central part: the peers whose level in this section
+      // (long-memory mean against the median of all) is within the minimum effect of the median
+      // level, so that a rank persistently faster in this section does not make the others look
+      // slow, while every exchangeable rank's excess keeps mean 0 however skewed the noise.
+      scratch_.clear();
+      for (const SectionValue& v : values) scratch_.push_back(v.seconds);
+      const double all = MedianInPlace(scratch_);
+      scratch_.clear();
+      for (const SectionValue& v : values) {
+        SeriesTest& t = v.rank->sections[s];
+        if (all > 0) {
+          if (t.level_steps < INT32_MAX) ++t.level_steps;
+          const double a = std::max(1.0 / t.level_steps, static_cast<double>(kLevelMemory));
+          t.level += static_cast<float>(a * (v.seconds / all - 1 - t.level));
+        }
+        if (t.level_steps >= kWarmupSteps) scratch_.push_back(t.level);
+      }
+      const bool levels_known = 2 * scratch_.size() >= m;
+      const double centre = levels_known ? MedianInPlace(scratch_) : 0;
+      double count = 0;
+      for (const SectionValue& v : values) {
+        const SeriesTest& t = v.rank->sections[s];
+        if (levels_known && t.level_steps >= kWarmupSteps &&
+            std::fabs(t.level - centre) > min_effect) {
+          continue;
+        }
+        ref += v.seconds;
+        ++count;
+      }
+      if (2 * count < m) {
+        ref = 0;
+        for (const SectionValue& v : values) ref += v.seconds;
+        count = static_cast<double>(m);
+      }
+      ref /= count;
     }
     const double sigma_measured = PeerNoise(
         m, [&](size_t k) { return &values[k].rank->sections[s]; }, &scratch_);

@@ -12,6 +12,9 @@ namespace {
 
 void BM_StepPerRank(benchmark::State& state) {
   const int ranks = static_cast<int>(state.range(0));
+  // Named sections per step (forward, backward, optimizer): each is a series the straggler
+  // detector tests like the busy time.
+  const int sections = static_cast<int>(state.range(1));
   const int gpus_per_node = 8;
   Engine engine;
   std::mt19937_64 rng(1);
@@ -47,6 +50,9 @@ void BM_StepPerRank(benchmark::State& state) {
       s.data_seconds = 0.02;
       s.comm_seconds = 0.5 - c[r] - 0.02;
       s.received_unix_nanos = now;
+      s.sections.clear();
+      static const char* const kNames[] = {"forward", "backward", "optimizer"};
+      for (int k = 0; k < sections; ++k) s.sections.push_back({kNames[k], c[r] / 3});
       benchmark::DoNotOptimize(engine.AddStep(s));
     }
     engine.Advance(now);
@@ -58,10 +64,12 @@ void BM_StepPerRank(benchmark::State& state) {
                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_StepPerRank)
-    ->Arg(64)
-    ->Arg(1024)
-    ->Arg(16384)
-    ->Arg(100000)
+    ->Args({64, 0})
+    ->Args({1024, 0})
+    ->Args({16384, 0})
+    ->Args({100000, 0})
+    ->Args({1024, 3})
+    ->Args({100000, 3})
     ->Unit(benchmark::kMillisecond);
 
 // Findings() and Jobs() as the collector calls them on each scrape, for a job of N ranks.

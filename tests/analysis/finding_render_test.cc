@@ -37,7 +37,7 @@ TEST(FindingRenderTest, StragglerDataLoadingNamesItsDeviceFiguresToo) {
   d.host_cpu_ratio = 0.97;
   f.evidence.devices.push_back(d);
   EXPECT_EQ(RenderSummary(f),
-            "rank 3 on node-1 GPU 2: data loading +250 ms vs median; at power cap (398 of 400 W); "
+            "rank 3 on node-1 GPU 2: data loading +250 ms vs peers; at power cap (398 of 400 W); "
             "host CPU 97%");
   EXPECT_EQ(RenderAction(f), "more data-loader workers or faster storage on node-1");
   f.persistent = false;
@@ -54,7 +54,7 @@ TEST(FindingRenderTest, APowerCapReasonIsNotRepeatedAsAPowerDraw) {
   d.power_watts = 400;
   d.power_limit_watts = 400;
   f.evidence.devices.push_back(d);
-  EXPECT_EQ(RenderSummary(f), "rank 1: busy +20% vs median; slower GPU: power capping");
+  EXPECT_EQ(RenderSummary(f), "rank 1: busy +20% vs peers; slower GPU: power capping");
   // No node and no GPU index: the advice says so rather than naming nothing.
   EXPECT_EQ(RenderAction(f),
             "drain its node or inspect its node's GPUs: power limit and power supply");
@@ -76,7 +76,7 @@ TEST(FindingRenderTest, SlowNodeWithDataLoadingAndAHotGpu) {
   d.throttle_reasons = 0x20;
   f.evidence.devices.push_back(d);
   EXPECT_EQ(RenderSummary(f),
-            "node-4: 3 of 4 ranks slow, busy +40% vs median; data loading +100 ms vs median; GPU "
+            "node-4: 3 of 4 ranks slow, busy +40% vs peers; data loading +100 ms vs peers; GPU "
             "1: SM clock 1200 of 1980 MHz, thermal throttling");
   EXPECT_EQ(RenderAction(f),
             "drain node-4 or inspect its storage and data loading (more data-loader workers)");

@@ -267,6 +267,36 @@ TEST(FormatTest, ExplainRanksWhatIfsLargestFirst) {
   EXPECT_EQ(lines[data].find("upper bound"), std::string::npos) << out;
 }
 
+TEST(FormatTest, ExplainSaysWhichWhatIfsAreBounds) {
+  v1::ExplainResponse e = SampleExplain(8, 6);
+  auto& wi = *e.mutable_whatif_speedup_ratio();
+  auto& kind = *e.mutable_whatif_kind();
+  wi["stragglers"] = 1.3;
+  kind["stragglers"] = "upper_bound";  // a pipeline job: step events do not show its schedule
+  wi["overlap"] = 1.2;
+  kind["overlap"] = "upper_bound";
+  wi["data"] = 1.1;
+  kind["data"] = "lower_bound";
+  wi["pipeline"] = 1.15;
+  kind["pipeline"] = "upper_bound";
+  const std::string out = FormatExplain(e);
+  const std::vector<std::string> lines = Lines(out);
+  const int stragglers = LineOf(out, "stragglers fixed");
+  const int data = LineOf(out, "no data-loading stall");
+  const int pipeline = LineOf(out, "pipeline stages balanced");
+  ASSERT_GE(stragglers, 0) << out;
+  ASSERT_GE(data, 0) << out;
+  ASSERT_GE(pipeline, 0) << out;
+  EXPECT_NE(lines[stragglers].find("(upper bound)"), std::string::npos) << out;
+  EXPECT_NE(lines[data].find("(lower bound)"), std::string::npos) << out;
+  EXPECT_NE(lines[pipeline].find("1.15x faster"), std::string::npos) << out;
+  // An estimate says nothing more.
+  kind["stragglers"] = "estimate";
+  const std::string estimate = FormatExplain(e);
+  EXPECT_EQ(Lines(estimate)[LineOf(estimate, "stragglers fixed")].find("bound"), std::string::npos)
+      << estimate;
+}
+
 TEST(FormatTest, ExplainCombinesTheRemovedShares) {
   v1::ExplainResponse e = SampleExplain(8, 6);  // compute 60%: at most 40% can go
   const double s1 = 1.33, s2 = 1.1, s3 = 1.05;

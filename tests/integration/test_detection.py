@@ -70,6 +70,7 @@ class DetectionTest(unittest.TestCase):
             if expect:
                 wait_until(lambda: expect <= flagged(collector)[0], timeout=30,
                            message=f"ranks {sorted(expect)} flagged: {flagged(collector)[1]}")
+            self.explain = ctl_json(collector.grpc_addr, "explain", "detect")
             return flagged(collector)
 
     def test_moderate_straggler_under_realistic_noise_is_flagged(self):
@@ -77,6 +78,12 @@ class DetectionTest(unittest.TestCase):
         ranks, found = self.run_job(
             4, 150, lambda rank, step, k: 0.005 if rank == 1 and k == 1 else 0.0, expect={1})
         self.assertEqual(ranks, {1}, found)
+        # Each what-if says what the step events can support: overlap is always an upper bound,
+        # the stragglers' gain of a data-parallel job an estimate.
+        kinds = self.explain.get("whatif_kind", {})
+        self.assertEqual(kinds.get("overlap"), "upper_bound", self.explain)
+        self.assertEqual(kinds.get("stragglers"), "estimate", self.explain)
+        self.assertGreater(self.explain["whatif_speedup_ratio"]["stragglers"], 1.05, self.explain)
 
     def test_two_of_four_slow_are_both_flagged(self):
         # Ranks 1 and 2 (one on each node) 20% slower: the reference is the fast pair, not a

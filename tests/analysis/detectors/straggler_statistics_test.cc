@@ -287,8 +287,10 @@ TEST(StragglerStatisticsTest, AStragglerInOneSectionThatTheSumHidesIsFoundAndNam
   EXPECT_EQ(f[0].rank, 3);
   ASSERT_TRUE(f[0].evidence.section.has_value());
   EXPECT_EQ(*f[0].evidence.section, "backward");
-  // Against the mean of every peer's backward, rank 3's included: 15 / 10.6 ms.
-  EXPECT_NEAR(f[0].evidence.section_vs_reference_ratio.value_or(0), 1.41, 0.08);
+  // Against the mean of the peers' backward: rank 3's included (15 / 10.6 ms) until its level in
+  // the section is known, then left out (15 / 10 ms).
+  EXPECT_GT(f[0].evidence.section_vs_reference_ratio.value_or(0), 1.35);
+  EXPECT_LT(f[0].evidence.section_vs_reference_ratio.value_or(0), 1.6);
   EXPECT_THAT(f[0].summary, HasSubstr("section backward +"));
 
   // The per-rank section medians, in the job's section order.

@@ -55,7 +55,7 @@ TEST_F(EngineStragglerDetectorTest, FlagsTheBusierRankOnceItsNoiseIsKnownAndClea
   ASSERT_EQ(f.evidence.devices.size(), 1u);
   EXPECT_EQ(f.evidence.devices[0].gpu, -1) << "no GPU readings";
   EXPECT_THAT(f.summary, HasSubstr("rank 2 on node-2 GPU 0: compute +60"));
-  EXPECT_THAT(f.summary, HasSubstr("% vs median; cause unknown (no GPU readings) "
+  EXPECT_THAT(f.summary, HasSubstr("% vs peers; cause unknown (no GPU readings) "
                                    "(transient so far)"));
 
   const RankSnapshot rs = fx_.Rank(2);
