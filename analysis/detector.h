@@ -39,6 +39,8 @@ struct StepView {
   int64_t nanos = 0;
   double step_seconds = 0;
   const std::vector<Entry>& entries;
+  // The entries' named sections (Entry::sections_begin); null when none reported any.
+  const std::vector<EntrySection>* sections = nullptr;
 };
 
 class Detector {

@@ -106,7 +106,7 @@ class Engine::Impl {
   void JobFindings(const JobRecord& job, std::vector<Finding>* out) const;
   JobSnapshot Snapshot(const JobRecord& job) const;
   // Gives the sample's named sections the job's section indices (new names while under the limit).
-  static void IndexSections(JobRecord& job, const StepEvent& s, Entry* e);
+  static void IndexSections(JobRecord& job, const StepEvent& s, Pending* p, Entry* e);
 
   EngineOptions opt_;
   Registry registry_;
@@ -179,14 +179,15 @@ absl::Status Engine::Impl::AddValidatedStep(const StepEvent& s) {
   if (p.entries.empty()) p.first_nanos = s.received_unix_nanos;
   p.last_nanos = s.received_unix_nanos;
   p.entries.push_back(MakeEntry(s));
-  if (!s.sections.empty()) IndexSections(job, s, &p.entries.back());
+  if (!s.sections.empty()) IndexSections(job, s, &p, &p.entries.back());
   if (static_cast<int>(p.entries.size()) >= job.world_size) CompleteThrough(job, s.step);
   ExpirePending(job, now_);
   return absl::OkStatus();
 }
 
-void Engine::Impl::IndexSections(JobRecord& job, const StepEvent& s, Entry* e) {
+void Engine::Impl::IndexSections(JobRecord& job, const StepEvent& s, Pending* p, Entry* e) {
   std::vector<std::string>& names = job.section_names;
+  e->sections_begin = static_cast<uint32_t>(p->sections.size());
   for (const auto& [name, seconds] : s.sections) {
     if (!(seconds >= 0) || !std::isfinite(seconds)) continue;  // ValidateStepEvent refuses these
     size_t index = std::find(names.begin(), names.end(), name) - names.begin();
@@ -197,9 +198,10 @@ void Engine::Impl::IndexSections(JobRecord& job, const StepEvent& s, Entry* e) {
       }
       names.push_back(name);
     }
-    e->sections.push_back({static_cast<uint8_t>(index), static_cast<float>(seconds)});
+    p->sections.push_back({static_cast<uint8_t>(index), static_cast<float>(seconds)});
   }
-  std::sort(e->sections.begin(), e->sections.end());
+  e->sections_count = static_cast<uint8_t>(p->sections.size() - e->sections_begin);
+  std::sort(p->sections.begin() + e->sections_begin, p->sections.end());
 }
 
 void Engine::Impl::AddGpu(const GpuSample& reading) {
@@ -288,14 +290,18 @@ void Engine::Impl::ProcessStep(JobRecord& job, int64_t step, Pending& p) {
     e.forgotten = !r.present;
     r.history.Push(StepVals{static_cast<float>(e.busy), static_cast<float>(e.compute),
                             static_cast<float>(e.data), static_cast<float>(e.wait)});
-    if (e.sections.empty()) continue;
+    if (e.sections_count == 0) continue;
     if (!r.sections) r.sections = std::make_unique<Ring<SectionVals>>(kSectionHistorySteps);
     SectionVals vals;
     vals.fill(std::numeric_limits<float>::quiet_NaN());
-    for (const auto& [index, seconds] : e.sections) vals[index] = seconds;
+    for (uint32_t k = 0; k < e.sections_count; ++k) {
+      const EntrySection& x = p.sections[e.sections_begin + k];
+      vals[x.index] = x.seconds;
+    }
     r.sections->Push(vals);
   }
-  const StepView view{step, p.last_nanos, sum.step_seconds, es};
+  const StepView view{step, p.last_nanos, sum.step_seconds, es,
+                      p.sections.empty() ? nullptr : &p.sections};
   clock_.Timed(on_step_,
                [&](size_t i) { detectors_[i]->OnStep(View(job), view, job.states[i].get()); });
 }

@@ -7,7 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/inlined_vector.h"
 #include "analysis/engine.h"
 #include "analysis/ring.h"
 
@@ -29,9 +28,17 @@ struct Entry {
   bool stale = false;          // split taken from a GPU reading already used: no new evidence
   bool unknown_split = false;  // step_only with no SM activity: busy is the step, not evidence
   bool forgotten = false;      // its rank was removed (RemoveNode) after it reported
-  // Named sections: (index in the job's section names, seconds), ordered by index. Inline up to
-  // four: one allocation per rank and step would cost more than scoring them.
-  absl::InlinedVector<std::pair<uint8_t, float>, 4> sections;
+  // Named sections: `sections_count` values of Pending::sections from `sections_begin`, ordered
+  // by section index. Kept beside the entries, which stay small and cheap to sort.
+  uint32_t sections_begin = 0;
+  uint8_t sections_count = 0;
+};
+
+// One named section's value in one rank's step: its index in the job's section names.
+struct EntrySection {
+  uint8_t index = 0;
+  float seconds = 0;
+  bool operator<(const EntrySection& o) const { return index < o.index; }
 };
 
 // A step some ranks reported, not complete yet.
@@ -39,6 +46,7 @@ struct Pending {
   int64_t first_nanos = 0;
   int64_t last_nanos = 0;
   std::vector<Entry> entries;
+  std::vector<EntrySection> sections;  // the entries' named sections (Entry::sections_begin)
 };
 
 // One rank's split of one complete step (its history, for RankSnapshot).

@@ -206,7 +206,7 @@ bool StragglerDetector::SplitLevels(const std::vector<Entry>& es, StragglerState
   levels_.clear();
   for (size_t k = 0; k < peers_.size(); ++k) {
     const int rank = es[peers_[k]].rank;
-    st.SetExclusion(rank, 0);
+    st.SetExclusion(rank, st.Exclusion(rank) & StragglerState::kSuspect);
     const RankScores* r = st.Of(rank);
     if (r != nullptr && r->busy.level_steps >= kWarmupSteps) levels_.push_back({r->busy.level, k});
   }
@@ -248,7 +248,8 @@ bool StragglerDetector::SplitLevels(const std::vector<Entry>& es, StragglerState
   size_t fast = m;
   for (size_t j = split(m); j > 0; j = split(fast)) fast = j;
   for (size_t i = fast; i < m; ++i) {
-    st.SetExclusion(es[peers_[levels_[i].second]].rank, StragglerState::kSlowCluster);
+    const int rank = es[peers_[levels_[i].second]].rank;
+    st.SetExclusion(rank, st.Exclusion(rank) | StragglerState::kSlowCluster);
   }
   // Within the fast cluster, the reference is the mean of its central part: ranks more than the
   // minimum effect from its median level (persistently faster ones with less data, a rank
@@ -260,39 +261,36 @@ bool StragglerDetector::SplitLevels(const std::vector<Entry>& es, StragglerState
   if (2 * (fast - outliers) >= m) {
     for (size_t i = 0; i < fast; ++i) {
       if (std::fabs(levels_[i].first - centre) > min_effect) {
-        st.SetExclusion(es[peers_[levels_[i].second]].rank, StragglerState::kOutlier);
+        const int rank = es[peers_[levels_[i].second]].rank;
+        st.SetExclusion(rank, st.Exclusion(rank) | StragglerState::kOutlier);
       }
     }
   }
   return fast < m;
 }
 
-void StragglerDetector::ChooseHealthy(const std::vector<Entry>& es, const StragglerState& st,
-                                      double h, double min_effect) {
-  // The fast cluster's central part (SplitLevels), less the suspects: ranks whose evidence of a
-  // slowdown of at least the minimum effect is half-way to a flag (or past it), at most a quarter
-  // of the peers, so that a slow
-  // minority does not drag the mean before the levels show it. Leaving out every rank that gathers
-  // evidence would cascade: each one left out lowers the reference until the next rank of an
-  // evenly spread job is over it; a quarter cannot move the rest by more than the minimum effect
-  // requires.
+bool IsSuspect(const SeriesTest& t, double h, double min_effect) {
+  if (t.flagged && t.Effect() >= min_effect) return true;
+  for (int j = 0; j < SeriesTest::kBank; ++j) {
+    if (t.cusum[j] >= h / 2 && t.sum_rel[j] >= min_effect * t.count[j]) return true;
+  }
+  return false;
+}
+
+void StragglerDetector::ChooseHealthy(const std::vector<Entry>& es, const StragglerState& st) {
+  // The fast cluster's central part (SplitLevels), less the suspects (IsSuspect, as of the last
+  // step), at most a quarter of the peers, so that a slow minority does not drag the mean before
+  // the levels show it. Leaving out every rank that gathers evidence would cascade: each one left
+  // out lowers the reference until the next rank of an evenly spread job is over it; a quarter
+  // cannot move the rest by more than the minimum effect requires.
   const size_t n = peers_.size();
   healthy_.assign(n, 1);
   size_t suspects = 0;
   for (size_t k = 0; k < n; ++k) {
-    const int rank = es[peers_[k]].rank;
-    if (st.Exclusion(rank) != 0) {
+    const uint8_t why = st.Exclusion(es[peers_[k]].rank);
+    if (why & (StragglerState::kSlowCluster | StragglerState::kOutlier)) {
       healthy_[k] = 0;
-      continue;
-    }
-    const RankScores* r = st.Of(rank);
-    if (r == nullptr || 4 * (suspects + 1) > n) continue;
-    const SeriesTest& t = r->busy;
-    bool suspect = t.flagged && t.Effect() >= min_effect;
-    for (int j = 0; j < SeriesTest::kBank && !suspect; ++j) {
-      suspect = t.cusum[j] >= h / 2 && t.sum_rel[j] >= min_effect * t.count[j];
-    }
-    if (suspect) {
+    } else if ((why & StragglerState::kSuspect) && 4 * (suspects + 1) <= n) {
       healthy_[k] = 0;
       ++suspects;
     }
@@ -333,7 +331,7 @@ void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, si
                    std::log(1.0 + static_cast<double>(sections_in_job));
   if (n >= 3) {
     if (refresh) group.split = SplitLevels(es, st, min_effect);
-    ChooseHealthy(es, st, h, min_effect);
+    ChooseHealthy(es, st);
     // The healthy peers' mean, not their median (the split already left out the outliers of either
     // side): with it every healthy rank's excess has mean 0
     // (they sum to 0 each step) however skewed the noise is. Real steps have a heavy right tail
@@ -458,6 +456,9 @@ void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, si
       if (changed && r.busy.flagged && r.busy.since_step == r.busy.tested_from) BackdateOnset(&r);
     }
     ObserveNoise(rel, &r.busy);
+    const uint8_t why = st.Exclusion(e.rank) & ~StragglerState::kSuspect;
+    st.SetExclusion(e.rank,
+                    IsSuspect(r.busy, h, min_effect) ? why | StragglerState::kSuspect : why);
     if (sections == 0) {
       UpdateRankFlag(&r, &st);
     } else {
@@ -465,7 +466,7 @@ void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, si
     }
   }
   if (sections == 0) return;
-  ScoreSections(view, es, round, st);
+  if (step.sections != nullptr) ScoreSections(view, es, *step.sections, round, st);
   for (RankScores* r : scored_) UpdateRankFlag(r, &st);
 }
 
@@ -493,6 +494,7 @@ void StragglerDetector::UpdateRankFlag(RankScores* r, StragglerState* st) {
 }
 
 void StragglerDetector::ScoreSections(const JobView& view, const std::vector<Entry>& es,
+                                      const std::vector<EntrySection>& values_of,
                                       const Round& round, StragglerState& st) {
   const EngineOptions& opt = view.options;
   const double min_effect = opt.straggler_rel_margin;
@@ -502,11 +504,12 @@ void StragglerDetector::ScoreSections(const JobView& view, const std::vector<Ent
   for (auto& values : by_section_) values.clear();
   for (size_t i : peers_) {
     const Entry& e = es[i];
-    if (e.sections.empty()) continue;
+    if (e.sections_count == 0) continue;
     RankScores& r = st.Mutable(e.rank, opt.straggler_window);
     if (r.sections.size() < sections) r.sections.resize(sections);
-    for (const auto& [index, seconds] : e.sections) {
-      if (index < sections) by_section_[index].push_back({&r, seconds});
+    for (uint32_t k = 0; k < e.sections_count; ++k) {
+      const EntrySection& x = values_of[e.sections_begin + k];
+      if (x.index < sections) by_section_[x.index].push_back({&r, x.seconds});
     }
   }
   for (size_t s = 0; s < sections; ++s) {

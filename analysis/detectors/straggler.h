@@ -104,9 +104,10 @@ class StragglerState : public DetectorState {
     exclusion_[rank] = 0;
   }
 
-  // Why a rank is left out of its peers' reference at the group's last split, by rank (dense: read
-  // for every peer each step): in the slow cluster, or an outlier of the fast one.
-  static constexpr uint8_t kSlowCluster = 1, kOutlier = 2;
+  // Why a rank is left out of its peers' reference, by rank (dense: read for every peer each
+  // step): in the slow cluster or an outlier of the fast one at the group's last split, or a
+  // suspect at its last step (evidence of a slowdown half-way to a flag).
+  static constexpr uint8_t kSlowCluster = 1, kOutlier = 2, kSuspect = 4;
   uint8_t Exclusion(int rank) const {
     return static_cast<size_t>(rank) < exclusion_.size() ? exclusion_[rank] : 0;
   }
@@ -171,13 +172,12 @@ class StragglerDetector : public Detector {
   // Splits the peers' busy levels into a fast and a slow cluster when they are clearly separate,
   // and marks the fast cluster's outliers (StragglerState::Exclusion); false without a split.
   bool SplitLevels(const std::vector<Entry>& es, StragglerState& st, double min_effect);
-  // Marks in healthy_ (by position in peers_) the peers that form the reference; `h` is the flag
-  // threshold.
-  void ChooseHealthy(const std::vector<Entry>& es, const StragglerState& st, double h,
-                     double min_effect);
+  // Marks in healthy_ (by position in peers_) the peers that form the reference.
+  void ChooseHealthy(const std::vector<Entry>& es, const StragglerState& st);
   // The rank's flag from its series' (busy time and sections).
   static void UpdateRankFlag(RankScores* r, StragglerState* st);
-  void ScoreSections(const JobView& view, const std::vector<Entry>& es, const Round& round,
+  void ScoreSections(const JobView& view, const std::vector<Entry>& es,
+                     const std::vector<EntrySection>& values_of, const Round& round,
                      StragglerState& st);
   static void Attribute(const JobView& view, int rank, const RankScores& r, const GpuInfo* g,
                         Finding* f);
@@ -210,6 +210,9 @@ struct TestRound {
 // Updates `t` with one step's relative excess `rel` (and `abs` seconds); true when its flag
 // changed. Exposed for tests of the statistics alone.
 bool UpdateSeriesTest(double rel, double abs, const TestRound& round, SeriesTest* t);
+// Whether the series' evidence of a slowdown of at least `min_effect` is half-way to the flag
+// threshold `h`, or flagged: such a rank is left out of the reference (a quarter at most).
+bool IsSuspect(const SeriesTest& t, double h, double min_effect);
 // Folds one step's relative excess into the series' own noise estimate.
 void ObserveNoise(double rel, SeriesTest* t);
 
