@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/time.h"
 #include "common/json.h"
 #include "ctl/format.h"
@@ -15,7 +16,7 @@ namespace stepwatch::ctl {
 namespace {
 
 constexpr const char* kComponents[] = {"compute", "imbalance", "comm", "data", "other"};
-constexpr const char* kFixes[] = {"stragglers", "overlap", "data"};
+constexpr const char* kFixes[] = {"stragglers", "overlap", "data", "pipeline"};
 
 std::string Time(int64_t unix_nanos, const char* format) {
   return absl::FormatTime(format, absl::FromUnixNanos(unix_nanos), absl::UTCTimeZone());
@@ -56,6 +57,19 @@ std::string RatioObject(const google::protobuf::Map<std::string, double>& map,
     auto it = map.find(keys[i]);
     members.push_back(
         absl::StrCat(json::Quote(keys[i]), ": ", it == map.end() ? "null" : Number(it->second)));
+  }
+  return absl::StrCat("{", absl::StrJoin(members, ", "), "}");
+}
+
+// {"stragglers": "estimate", ...} in the order of kFixes; null when unknown (an older collector,
+// or a job that never reported its split).
+std::string KindObject(const google::protobuf::Map<std::string, std::string>& map) {
+  if (map.empty()) return "null";
+  std::vector<std::string> members;
+  for (const char* fix : kFixes) {
+    auto it = map.find(fix);
+    if (it != map.end())
+      members.push_back(absl::StrCat(json::Quote(fix), ": ", json::Quote(it->second)));
   }
   return absl::StrCat("{", absl::StrJoin(members, ", "), "}");
 }
@@ -119,6 +133,7 @@ std::string ReportMembers(const v1::JobReport& r, bool with_findings, const std:
        r.has_scaling_efficiency_ratio() ? Number(r.scaling_efficiency_ratio()) : "null"},
       {"breakdown", RatioObject(r.time_ratio(), kComponents, std::size(kComponents))},
       {"whatif", RatioObject(r.whatif_speedup_ratio(), kFixes, std::size(kFixes))},
+      {"whatif_kind", KindObject(r.whatif_kind())},
       {"sections", StringList(r.section_names())},
       {"sections_folded", absl::StrCat(r.sections_folded())},
       {"finding_count", absl::StrCat(r.finding_count())},
@@ -183,8 +198,13 @@ std::string FormatReport(const v1::JobReport& r) {
     for (const char* fix : kFixes) {
       auto it = r.whatif_speedup_ratio().find(fix);
       if (it == r.whatif_speedup_ratio().end()) continue;
+      auto kind = r.whatif_kind().find(fix);
+      const std::string bound =
+          kind == r.whatif_kind().end() || kind->second == "estimate"
+              ? ""
+              : absl::StrCat("(", absl::StrReplaceAll(kind->second, {{"_", " "}}), ")");
       rows.push_back(
-          {absl::StrCat("  ", fix, " fixed"), absl::StrFormat("%.2fx faster", it->second)});
+          {absl::StrCat("  ", fix, " fixed"), absl::StrFormat("%.2fx faster", it->second), bound});
     }
     out += FormatTable(rows);
   }

@@ -141,6 +141,10 @@ TEST(ReportStoreTest, UnknownSplitStaysUnknownAndKnownValuesAreKept) {
   EXPECT_DOUBLE_EQ(r.efficiency_ratio(), 0.8);
   EXPECT_DOUBLE_EQ(r.time_ratio().at("imbalance"), 0.2);
   EXPECT_DOUBLE_EQ(r.whatif_speedup_ratio().at("stragglers"), 1.25);
+  // What each what-if is, as the engine says (overlap is always an upper bound).
+  EXPECT_EQ(r.whatif_kind().at("overlap"), "upper_bound");
+  EXPECT_EQ(r.whatif_kind().at("stragglers"), "estimate");
+  EXPECT_EQ(r.whatif_speedup_ratio().count("pipeline"), 0u) << "not a pipeline job";
 }
 
 TEST(ReportStoreTest, FindingsPerReportAreBoundedOldestClearedFirst) {

@@ -28,6 +28,7 @@ v1::JobReport Finished() {
   (*r.mutable_time_ratio())["compute"] = 0.6;
   (*r.mutable_time_ratio())["imbalance"] = 0.3;
   (*r.mutable_whatif_speedup_ratio())["stragglers"] = 1.4;
+  (*r.mutable_whatif_kind())["stragglers"] = "upper_bound";
   v1::Finding* f = r.add_findings();
   f->set_kind("straggler");
   f->set_rank(3);
@@ -92,6 +93,8 @@ TEST(ReportFormatTest, JsonHasNumbersAndNullForUnknown) {
   EXPECT_DOUBLE_EQ(v->Find("breakdown")->Find("imbalance")->as_double(), 0.3);
   EXPECT_TRUE(v->Find("breakdown")->Find("data")->is_null());
   EXPECT_DOUBLE_EQ(v->Find("whatif")->Find("stragglers")->as_double(), 1.4);
+  ASSERT_NE(v->Find("whatif_kind"), nullptr);
+  EXPECT_EQ(v->Find("whatif_kind")->Find("stragglers")->as_string(), "upper_bound");
   const json::Value::Array& findings = v->Find("findings")->as_array();
   ASSERT_EQ(findings.size(), 2u);
   EXPECT_EQ(findings[0].Find("kind")->as_string(), "straggler");
