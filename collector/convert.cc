@@ -1,6 +1,7 @@
 #include "collector/convert.h"
 
 #include <algorithm>
+#include <string_view>
 
 namespace stepwatch::collector {
 
@@ -142,6 +143,24 @@ void ToProto(const analysis::Evidence& e, v1::FindingEvidence* out) {
 #undef STEPWATCH_COPY_SET
 
 }  // namespace
+
+void WhatIfToProto(const analysis::WhatIf& w, google::protobuf::Map<std::string, double>* speedup,
+                   google::protobuf::Map<std::string, std::string>* kind) {
+  const struct {
+    const char* fix;
+    double speedup;
+    analysis::WhatIfKind kind;
+  } fixes[] = {{"stragglers", w.stragglers, w.stragglers_kind},
+               {"overlap", w.overlap, w.overlap_kind},
+               {"data", w.data, w.data_kind},
+               {"pipeline", w.pipeline, w.pipeline_kind}};
+  for (const auto& f : fixes) {
+    // Balancing pipeline stages means nothing to a job without stages.
+    if (f.fix == std::string_view("pipeline") && !(f.speedup > 1)) continue;
+    (*speedup)[f.fix] = f.speedup;
+    (*kind)[f.fix] = analysis::WhatIfKindName(f.kind);
+  }
+}
 
 void ToProto(const analysis::Finding& f, v1::Finding* out) {
   out->set_kind(analysis::FindingKindName(f.kind));

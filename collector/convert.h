@@ -21,6 +21,12 @@ analysis::HostSample ToHostReading(const v1::HostSample& sample, const std::stri
 // When a rank's process exited: the agent's stamp, or `default_unix_nanos` when it sent none.
 int64_t ExitedUnixNanos(const v1::RankExit& exit, int64_t default_unix_nanos);
 
+// The job's what-ifs (fix -> speed-up) and what each is (fix -> "estimate", "lower_bound" or
+// "upper_bound"); "pipeline" only for a job whose stages it would balance.
+void WhatIfToProto(const analysis::WhatIf& whatif,
+                   google::protobuf::Map<std::string, double>* speedup,
+                   google::protobuf::Map<std::string, std::string>* kind);
+
 void ToProto(const analysis::Finding& finding, v1::Finding* out);
 void ToProto(const analysis::JobSnapshot& job, int finding_count, v1::JobStatus* out);
 void ToProto(const analysis::RankSnapshot& rank, v1::RankRow* out);

@@ -186,19 +186,7 @@ void ReportStore::Update(Tracked* t, const analysis::JobSnapshot& job,
     tr["comm"] = job.breakdown.comm;
     tr["data"] = job.breakdown.data;
     tr["other"] = job.breakdown.other;
-    auto& wi = *r.mutable_whatif_speedup_ratio();
-    auto& kind = *r.mutable_whatif_kind();
-    const analysis::WhatIf& w = job.whatif;
-    wi["stragglers"] = w.stragglers;
-    wi["overlap"] = w.overlap;
-    wi["data"] = w.data;
-    kind["stragglers"] = analysis::WhatIfKindName(w.stragglers_kind);
-    kind["overlap"] = analysis::WhatIfKindName(w.overlap_kind);
-    kind["data"] = analysis::WhatIfKindName(w.data_kind);
-    if (w.pipeline > 1) {
-      wi["pipeline"] = w.pipeline;
-      kind["pipeline"] = analysis::WhatIfKindName(w.pipeline_kind);
-    }
+    WhatIfToProto(job.whatif, r.mutable_whatif_speedup_ratio(), r.mutable_whatif_kind());
   }
   if (job.scaling_efficiency_ratio.has_value()) {
     r.set_scaling_efficiency_ratio(*job.scaling_efficiency_ratio);

@@ -752,19 +752,7 @@ absl::StatusOr<v1::ExplainResponse> CollectorState::Explain(absl::string_view jo
     tr["comm"] = snap->breakdown.comm;
     tr["data"] = snap->breakdown.data;
     tr["other"] = snap->breakdown.other;
-    auto& wi = *out.mutable_whatif_speedup_ratio();
-    auto& kind = *out.mutable_whatif_kind();
-    const analysis::WhatIf& w = snap->whatif;
-    wi["stragglers"] = w.stragglers;
-    wi["overlap"] = w.overlap;
-    wi["data"] = w.data;
-    kind["stragglers"] = analysis::WhatIfKindName(w.stragglers_kind);
-    kind["overlap"] = analysis::WhatIfKindName(w.overlap_kind);
-    kind["data"] = analysis::WhatIfKindName(w.data_kind);
-    if (w.pipeline > 1) {
-      wi["pipeline"] = w.pipeline;
-      kind["pipeline"] = analysis::WhatIfKindName(w.pipeline_kind);
-    }
+    WhatIfToProto(snap->whatif, out.mutable_whatif_speedup_ratio(), out.mutable_whatif_kind());
   }
   if (snap->scaling_efficiency_ratio.has_value()) {
     out.set_scaling_efficiency_ratio(*snap->scaling_efficiency_ratio);
