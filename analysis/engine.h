@@ -342,8 +342,8 @@ struct EngineOptions {
   int max_ranks_per_job = 100000;
 
   // Stragglers (analysis/detectors/straggler.h): each rank's busy time, and each named section,
-  // is compared every step with the reference of its peers (the median of the healthy group: the
-  // fast cluster when the ranks split into two, else every peer but those already flagged). The
+  // is compared every step with the reference of its peers (the mean of the healthy group: the
+  // central part of the fast cluster when the ranks split into two, less the suspects). The
   // relative excess feeds a bank of sequential tests (CUSUM) tuned to effects of 1, 2, 4, 8 and
   // 16 x straggler_rel_margin, scaled by the peers' own noise. A rank is flagged when one of them
   // crosses log(peers x tests / straggler_false_alarm_per_step) and the mean excess since that

@@ -324,11 +324,11 @@ void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, si
   // slow_ref: the slow cluster's median when the peers split. A rank of the fast cluster holds the
   // job back only once it is slower than that: it is tested against it.
   double ref = 0, ref_compute = 0, ref_data = 0, slow_ref = 0;
-  const size_t sections_in_job = view.job.section_names.size();
+  const size_t sections = view.job.section_names.size();
   const double h = std::log(static_cast<double>(n)) +
                    std::log(1.0 / opt.straggler_false_alarm_per_step) +
                    std::log(static_cast<double>(SeriesTest::kBank)) +
-                   std::log(1.0 + static_cast<double>(sections_in_job));
+                   std::log(1.0 + static_cast<double>(sections));
   if (n >= 3) {
     if (refresh) group.split = SplitLevels(es, st, min_effect);
     ChooseHealthy(es, st);
@@ -392,7 +392,6 @@ void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, si
       sigma_measured = kSpreadInflation * std::sqrt(group.spread_sum / group.spread_steps);
     }
   }
-  const size_t sections = view.job.section_names.size();
   Round round;
   round.step = step.step;
   round.nanos = step.nanos;

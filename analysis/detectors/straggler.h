@@ -3,17 +3,17 @@
 // accumulates with the steps observed.
 //
 // Each step, every rank's relative excess x = value / reference - 1 is scored, where the
-// reference is the median of the healthy peers: the fast cluster when the peers split into two
-// clearly separated groups (so that up to half of them may be slow together), else every peer but
-// those already flagged. x feeds a bank of CUSUM statistics, one per assumed effect d (1, 2, 4, 8,
-// 16 x the minimum effect): each adds d / sigma^2 x (x - d / 2) per step, the log-likelihood ratio
-// of "d slower" against "as fast as the peers" under Gaussian noise of sigma, the median over
-// peers of each rank's own noise. The bank is within about 10% of the test tuned to the true
-// effect, whatever it is, so the steps to detection scale with (noise / effect)^2. Wald's bound
-// keeps the rate of false crossings under exp(-h) per statistic and step: h = log(peers x series x
-// bank / false_alarm_per_step) holds the job's false flags per step under the budget however many
-// ranks it has. One step adds at most h / 2, so no single outlier flags a rank. The change point
-// is the step after the crossing statistic last stood at zero.
+// reference is the mean of the healthy peers: the central part of the fast cluster when the
+// peers' levels split into two clearly separated groups (so that up to half of them may be slow
+// together), less the suspects. x feeds a bank of CUSUM statistics, one per assumed effect d (1,
+// 2, 4, 8, 16 x the minimum effect): each adds d / sigma^2 x (x - d / 2) per step, the
+// log-likelihood ratio of "d slower" against "as fast as the peers" under Gaussian noise of sigma,
+// the median over peers of each rank's own noise. The bank is within about 10% of the test tuned to
+// the true effect, whatever it is, so the steps to detection scale with (noise / effect)^2. Wald's
+// bound keeps the rate of false crossings under exp(-h) per statistic and step: h = log(peers x
+// series x bank / false_alarm_per_step) holds the job's false flags per step under the budget
+// however many ranks it has. One step adds at most h / 2, so no single outlier flags a rank. The
+// change point is the step after the crossing statistic last stood at zero.
 #pragma once
 
 #include <algorithm>
