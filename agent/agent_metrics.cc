@@ -105,6 +105,19 @@ std::vector<MetricFamily> AgentCollectable::Collect() const {
           static_cast<double>(s.connections_refused_total));
     f.Add("stepwatch_agent_connections", "Open connections on the seqpacket ingest socket.", kGauge,
           nl, static_cast<double>(s.connections_open));
+    for (const auto& [uid, n] : s.tenant_refusals_by_uid) {
+      f.Add("stepwatch_agent_tenant_refusals_total",
+            "Step events refused because their process or user owns --max-ranks-per-process or "
+            "--max-ranks-per-user (job, rank) pairs, by uid (uid=\"other\" past 32 users).",
+            kCounter, {{"node", node}, {"uid", uid}}, static_cast<double>(n));
+    }
+    f.Add("stepwatch_agent_unknown_sender_events_total",
+          "Accepted step events whose sender pid the kernel did not tell (0: a process outside the "
+          "agent's pid namespace): no rank ownership, tenant bound or exit tracking for them.",
+          kCounter, nl, static_cast<double>(s.unknown_sender_events_total));
+    f.Add("stepwatch_agent_own_pid_namespace",
+          "1 when the agent runs in a pid namespace of its own (senders outside it have pid 0).",
+          kGauge, nl, s.own_pid_namespace ? 1 : 0);
     for (const auto& [job, dropped] : s.client_dropped_by_job) {
       f.Add("stepwatch_agent_client_dropped_events_total",
             "Step events that training processes report they failed to send (the \"dropped\" "
@@ -127,6 +140,10 @@ std::vector<MetricFamily> AgentCollectable::Collect() const {
     f.Add("stepwatch_agent_collector_resolve_errors_total",
           "Failed resolutions of --collector (the last list was kept).", kCounter, nl,
           static_cast<double>(r.resolve_errors_total));
+    f.Add("stepwatch_agent_collectors_without_spool",
+          "Collectors whose link runs without the --spool-dir it should have (a full disk at "
+          "its start): their batches are held in memory only.",
+          kGauge, nl, static_cast<double>(r.links_without_spool));
     f.Add("stepwatch_agent_job_moves_total",
           "Times a job's collectors changed (failover, return, list change).", kCounter, nl,
           static_cast<double>(r.job_moves_total));
@@ -189,6 +206,14 @@ std::vector<MetricFamily> AgentCollectable::Collect() const {
             s.connect_attempts_total);
     counter("gpu_sample_errors_total", "Failed GPU readings.", s.gpu_sample_errors_total);
     counter("host_sample_errors_total", "Failed host readings.", s.host_sample_errors_total);
+    for (int i = 0; i < kPeerStringFieldCount; ++i) {
+      f.Add(
+          "stepwatch_agent_peer_strings_bounded_total",
+          "NVML and host strings cut to their bound or with unprintable bytes replaced, by field.",
+          kCounter,
+          {{"node", node}, {"field", PeerStringFieldName(static_cast<PeerStringField>(i))}},
+          static_cast<double>(s.peer_strings_bounded_total[i]));
+    }
     counter("rank_exits_total",
             "Ranks reported to the collector as exited (their sender process was gone).",
             s.rank_exits_total);
@@ -220,7 +245,22 @@ std::vector<MetricFamily> AgentCollectable::Collect() const {
               s.spool->corrupt_records_total);
       counter("spool_write_errors_total", "Failed writes to the spool directory.",
               s.spool->write_errors_total);
+      counter("spool_boot_rewrites_in_place_total",
+              "Spool lease writes done in place because the disk had no room for a new file.",
+              s.spool->boot_rewrites_in_place_total);
     }
+    gauge("spool_unspooled_batches",
+          "Batches held in memory only because the spool could not take them (a full disk): a "
+          "crash of the agent now loses them.",
+          static_cast<double>(s.unspooled_batches));
+    gauge("spool_unspooled_events", "Step events in spool_unspooled_batches.",
+          static_cast<double>(s.unspooled_events));
+    counter("spool_unspooled_events_total",
+            "Step events put into batches that could not be spooled when cut.",
+            s.events_unspooled_total);
+    counter("spool_batches_respooled_total",
+            "Batches written to the spool on a retry, after being held in memory only.",
+            s.batches_respooled_total);
   }
   if (sources_.samples) {
     const NodeSnapshot snap = sources_.samples();

@@ -18,6 +18,8 @@ namespace stepwatch::agent {
 namespace {
 
 void AddCounters(const ShipperStats& s, ShipperStats* sum) {
+  sum->events_unspooled_total += s.events_unspooled_total;
+  sum->batches_respooled_total += s.batches_respooled_total;
   sum->batches_created_total += s.batches_created_total;
   sum->batches_sent_total += s.batches_sent_total;
   sum->batches_resent_total += s.batches_resent_total;
@@ -64,14 +66,18 @@ absl::Status CollectorRouter::LockSpoolRoot() {
   std::error_code ec;
   std::filesystem::create_directories(options_.spool.dir, ec);
   if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create spool directory ", options_.spool.dir, ": ", ec.message()));
+    const std::string message =
+        absl::StrCat("cannot create spool directory ", options_.spool.dir, ": ", ec.message());
+    return ec == std::errc::no_space_on_device ? absl::ResourceExhaustedError(message)
+                                               : absl::FailedPreconditionError(message);
   }
   const std::string path = absl::StrCat(options_.spool.dir, "/lock");
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+    const int err = errno;
+    const std::string message = absl::StrCat("cannot open ", path, ": ", std::strerror(err));
+    return err == ENOSPC || err == EDQUOT ? absl::ResourceExhaustedError(message)
+                                          : absl::FailedPreconditionError(message);
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     ::close(fd);
@@ -94,7 +100,13 @@ absl::Status CollectorRouter::Start() {
     return absl::InvalidArgumentError("resolve interval must be > 0");
   }
   if (!options_.spool.dir.empty() && spool_lock_fd_ < 0) {
-    if (absl::Status st = LockSpoolRoot(); !st.ok()) return st;
+    if (absl::Status st = LockSpoolRoot(); absl::IsResourceExhausted(st)) {
+      // A full disk: each link's spool (locked on its own) is tried, and runs from memory if it
+      // cannot be had either.
+      SW_LOG_ERROR << "--spool-dir " << options_.spool.dir << ": " << st.message();
+    } else if (!st.ok()) {
+      return st;
+    }
   }
   {
     absl::MutexLock lock(&mu_);
@@ -117,9 +129,8 @@ absl::Status CollectorRouter::Start() {
 }
 
 void CollectorRouter::AddStep(v1::StepEvent&& event) {
-  exits_.Observe(
-      event.job(), event.rank(), event.pid(),
-      event.received_unix_nanos() != 0 ? event.received_unix_nanos() : clock_->NowUnixNanos());
+  exits_.Observe(event.job(), event.rank(), event.pid(),
+                 absl::ToInt64Nanoseconds(clock_->MonotonicNow()));
   absl::MutexLock lock(&mu_);
   if (pending_.size() >= options_.link.max_pending_events) {
     ++router_stats_.events_dropped_total;
@@ -148,11 +159,25 @@ absl::StatusOr<std::shared_ptr<CollectorRouter::Link>> CollectorRouter::MakeLink
     if (spool.ok()) {
       link->spool = *std::move(spool);
       o.spool = link->spool.get();
+      if (link->spool->stats().boot_rewrites_in_place_total > 0) {
+        SW_LOG_WARNING << "--spool-dir " << so.dir
+                       << " is on a full disk: started by rewriting its boot file in place; new "
+                          "batches are held in memory until space is freed (counted in "
+                          "stepwatch_agent_spool_unspooled_batches)";
+      }
       const SpoolStats ss = link->spool->stats();
       if (ss.replayed_batches_total > 0) {
         SW_LOG_INFO << "spool " << so.dir << ": " << ss.replayed_batches_total
                     << " batches to replay to " << address;
       }
+    } else if (absl::IsResourceExhausted(spool.status())) {
+      // A full disk must not take the node's monitoring down: run, loudly, from memory.
+      SW_LOG_ERROR << "collector " << address << ": --spool-dir " << so.dir
+                   << " is on a full disk and has no boot file yet: running WITHOUT a spool for "
+                      "this collector (batches held in memory only, lost if the agent dies); "
+                      "free space and restart the agent to spool again ("
+                   << spool.status().message() << ")";
+      link->no_spool = true;
     } else if (at_start) {
       return spool.status();
     } else {
@@ -278,19 +303,20 @@ void CollectorRouter::Stop(absl::Duration flush_timeout) {
 }
 
 void CollectorRouter::TickerLoop() {
-  absl::Time next = clock_->TimeNow() + options_.link.interval;
+  // On the monotonic clock: a wall clock stepped back an hour must not hold the cuts for an hour.
+  absl::Duration next = clock_->MonotonicNow() + options_.link.interval;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
-      if (clock_->AwaitWithDeadline(&mu_, absl::Condition(this, &CollectorRouter::Stopping),
-                                    next)) {
+      if (clock_->AwaitFor(&mu_, absl::Condition(this, &CollectorRouter::Stopping),
+                           next - clock_->MonotonicNow())) {
         return;
       }
     }
     Cut(/*with_samples=*/true);
     next += options_.link.interval;
     // After a stall skip missed ticks instead of bursting.
-    const absl::Time now = clock_->TimeNow();
+    const absl::Duration now = clock_->MonotonicNow();
     if (next < now) next = now + options_.link.interval;
   }
 }
@@ -301,8 +327,7 @@ void CollectorRouter::ResolverLoop() {
     {
       absl::MutexLock lock(&mu_);
       if (!resolved_once_) wait = std::min(wait, options_.initial_resolve_retry);
-      if (clock_->AwaitWithDeadline(&mu_, absl::Condition(this, &CollectorRouter::Stopping),
-                                    clock_->TimeNow() + wait)) {
+      if (clock_->AwaitFor(&mu_, absl::Condition(this, &CollectorRouter::Stopping), wait)) {
         return;
       }
     }
@@ -310,13 +335,13 @@ void CollectorRouter::ResolverLoop() {
   }
 }
 
-bool CollectorRouter::Reachable(const Link& link, absl::Time now) const {
+bool CollectorRouter::Reachable(const Link& link, absl::Duration now) const {
   const LinkState state = link.shipper->link_state();
   return state.connected || now - state.since < options_.failover_after;
 }
 
 std::vector<std::string> CollectorRouter::Candidates(const Links& links) const {
-  const absl::Time now = clock_->TimeNow();
+  const absl::Duration now = clock_->MonotonicNow();
   std::vector<std::string> all, reachable;
   for (const auto& [address, link] : links) {
     all.push_back(address);
@@ -327,7 +352,7 @@ std::vector<std::string> CollectorRouter::Candidates(const Links& links) const {
 
 // Bounded: a flood of job names (a local user may send any) is still placed, but beyond the bound
 // new jobs neither draw the node's samples nor have their moves logged.
-void CollectorRouter::RememberJob(const std::string& job, absl::Time now) {
+void CollectorRouter::RememberJob(const std::string& job, absl::Duration now) {
   auto it = recent_jobs_.find(job);
   if (it != recent_jobs_.end()) {
     it->second = now;
@@ -350,8 +375,9 @@ std::vector<std::string> CollectorRouter::collectors() const {
 
 void CollectorRouter::Cut(bool with_samples) {
   absl::MutexLock cut_lock(&cut_mu_);
-  const absl::Time now_time = clock_->TimeNow();
-  const int64_t now = absl::ToUnixNanos(now_time);
+  // Timestamps on the wall clock, the recent-job window on the monotonic one.
+  const int64_t now = clock_->NowUnixNanos();
+  const absl::Duration now_time = clock_->MonotonicNow();
   NodeReading reading = ReadNode(options_.link.node_info, gpus_, host_, now, with_samples);
   if (with_samples) {
     absl::MutexLock lock(&sample_mu_);
@@ -364,6 +390,9 @@ void CollectorRouter::Cut(bool with_samples) {
   {
     absl::MutexLock lock(&mu_);
     router_stats_.gpu_sample_errors_total += reading.gpu_errors;
+    for (int i = 0; i < kPeerStringFieldCount; ++i) {
+      router_stats_.peer_strings_bounded_total[i] += reading.strings_bounded[i];
+    }
     router_stats_.host_sample_errors_total += reading.host_errors;
     links = links_;
     if (links.empty()) {
@@ -374,7 +403,7 @@ void CollectorRouter::Cut(bool with_samples) {
   }
   // Senders are checked before the steps are taken: a process's steps precede its exit.
   std::vector<v1::RankExit> exits;
-  if (with_samples) exits = exits_.Check(now);
+  if (with_samples) exits = exits_.Check(absl::ToInt64Nanoseconds(now_time), now);
   const std::vector<std::string> candidates = Candidates(links);
 
   std::vector<v1::StepEvent> steps;
@@ -509,6 +538,7 @@ CollectorRouterStats CollectorRouter::stats() const {
     out.total = removed_totals_;
     out.total.events_dropped_total = router_stats_.events_dropped_total;
     out.total.gpu_sample_errors_total = router_stats_.gpu_sample_errors_total;
+    out.total.peer_strings_bounded_total = router_stats_.peer_strings_bounded_total;
     out.total.host_sample_errors_total = router_stats_.host_sample_errors_total;
     out.total.rank_exits_total = router_stats_.rank_exits_total;
     out.total.pending_events = pending_.size();
@@ -516,13 +546,14 @@ CollectorRouterStats CollectorRouter::stats() const {
     cut_once = cut_once_;
     job_owners = job_owners_;
   }
-  const absl::Time now = clock_->TimeNow();
+  const absl::Duration now = clock_->MonotonicNow();
   bool all_needed_connected = !links.empty();
   for (const auto& [address, link] : links) {
     CollectorLinkStats l;
     l.collector = address;
     l.stats = link->shipper->stats();
     l.boot_id = link->shipper->boot_id();
+    if (link->no_spool) ++out.links_without_spool;
     l.reachable = Reachable(*link, now);
     l.owner = cut_once ? needed.count(address) > 0 : true;
     for (const auto& [job, o] : job_owners) {
@@ -532,6 +563,8 @@ CollectorRouterStats CollectorRouter::stats() const {
     AddCounters(l.stats, &out.total);
     out.total.buffered_batches += l.stats.buffered_batches;
     out.total.buffered_bytes += l.stats.buffered_bytes;
+    out.total.unspooled_batches += l.stats.unspooled_batches;
+    out.total.unspooled_events += l.stats.unspooled_events;
     out.total.last_seq = std::max(out.total.last_seq, l.stats.last_seq);
     if (l.stats.spool) {
       if (!out.total.spool) out.total.spool = SpoolStats{};
@@ -542,6 +575,7 @@ CollectorRouterStats CollectorRouter::stats() const {
       s.corrupt_records_total += l.stats.spool->corrupt_records_total;
       s.dropped_batches_total += l.stats.spool->dropped_batches_total;
       s.write_errors_total += l.stats.spool->write_errors_total;
+      s.boot_rewrites_in_place_total += l.stats.spool->boot_rewrites_in_place_total;
     }
     out.links.push_back(std::move(l));
   }

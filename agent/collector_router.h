@@ -96,6 +96,8 @@ struct CollectorRouterStats {
   uint64_t job_moves_total = 0;
   // Cuts whose steps had no collector to go to (the list never resolved): the steps stay pending.
   uint64_t cuts_without_collectors_total = 0;
+  // Links running without the configured spool (it was on a full disk at their start).
+  uint64_t links_without_spool = 0;
 };
 
 // "collector-" + the address with every character but [A-Za-z0-9.-] replaced by '_'.
@@ -134,6 +136,8 @@ class CollectorRouter {
     // Destroyed after the shipper that writes to it.
     std::unique_ptr<Spool> spool;
     std::unique_ptr<Shipper> shipper;
+    // A spool was configured but could not be opened (full disk): memory only.
+    bool no_spool = false;
   };
   using Links = std::map<std::string, std::shared_ptr<Link>>;
 
@@ -148,9 +152,10 @@ class CollectorRouter {
   void StopLinks(std::vector<std::shared_ptr<Link>> links, absl::Duration flush_timeout);
   // The links reachable now; all of them when none is (their buffers then hold the data).
   std::vector<std::string> Candidates(const Links& links) const;
-  bool Reachable(const Link& link, absl::Time now) const;
+  // `now`: the clock's MonotonicNow().
+  bool Reachable(const Link& link, absl::Duration now) const;
   void AddRemovedTotals(const ShipperStats& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RememberJob(const std::string& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RememberJob(const std::string& job, absl::Duration now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Stopping() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_; }
 
   const CollectorRouterOptions options_;
@@ -174,8 +179,9 @@ class CollectorRouter {
   bool resolved_once_ ABSL_GUARDED_BY(mu_) = false;
   Links links_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::StepEvent> pending_ ABSL_GUARDED_BY(mu_);
-  // Job -> when it last sent a step (or exit) here; older than recent_job_window are forgotten.
-  absl::flat_hash_map<std::string, absl::Time> recent_jobs_ ABSL_GUARDED_BY(mu_);
+  // Job -> when it last sent a step (or exit) here, on the monotonic clock; older than
+  // recent_job_window are forgotten.
+  absl::flat_hash_map<std::string, absl::Duration> recent_jobs_ ABSL_GUARDED_BY(mu_);
   // Job -> the collectors that held it at the last cut (to log and count moves).
   absl::flat_hash_map<std::string, std::vector<std::string>> job_owners_ ABSL_GUARDED_BY(mu_);
   // The collectors the last cut gave something to.

@@ -10,9 +10,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace stepwatch::agent {
 namespace {
@@ -131,12 +135,16 @@ bool AddToEpoll(int epoll_fd, int fd) {
 }
 
 // The sender's pid from a received message's SCM_CREDENTIALS; `fallback` when it has none.
-pid_t SenderPid(msghdr* h, pid_t fallback) {
+// The message's own credentials (SCM_CREDENTIALS), else `fallback` (the connection's peer).
+template <typename Peer>
+Peer SenderOf(msghdr* h, Peer fallback) {
   for (cmsghdr* c = CMSG_FIRSTHDR(h); c != nullptr; c = CMSG_NXTHDR(h, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
       ucred cred;
       std::memcpy(&cred, CMSG_DATA(c), sizeof(cred));
-      if (cred.pid > 0) return cred.pid;
+      // pid 0: a sender outside our pid namespace; its uid is still told (mapped).
+      if (cred.pid > 0) return Peer{cred.pid, cred.uid};
+      if (fallback.pid == 0) fallback.uid = cred.uid;
     }
   }
   return fallback;
@@ -145,6 +153,16 @@ pid_t SenderPid(msghdr* h, pid_t fallback) {
 constexpr size_t kControlBytes = CMSG_SPACE(sizeof(ucred));
 
 }  // namespace
+
+std::optional<bool> PidNamespaceNested(absl::string_view status) {
+  for (absl::string_view line : absl::StrSplit(status, '\n')) {
+    if (!absl::ConsumePrefix(&line, "NSpid:")) continue;
+    std::vector<absl::string_view> pids =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    return pids.size() > 1;
+  }
+  return std::nullopt;
+}
 
 absl::StatusOr<std::unique_ptr<IngestServer>> IngestServer::Start(
     const IngestServerOptions& options, Sink sink) {
@@ -209,6 +227,20 @@ IngestServer::IngestServer(const IngestServerOptions& options, Sink sink, Fds fd
       owners_(options.owners) {
   socklen_t len = sizeof(granted_rcvbuf_);
   ::getsockopt(fds_.datagram, SOL_SOCKET, SO_RCVBUF, &granted_rcvbuf_, &len);
+  std::ifstream in(options_.proc_self_status);
+  std::stringstream status;
+  status << in.rdbuf();
+  own_pid_namespace_ = PidNamespaceNested(status.str()).value_or(false);
+  if (own_pid_namespace_) {
+    // Said once, at start: what it costs is invisible later (events are still accepted).
+    SW_LOG_WARNING << "the agent runs in a pid namespace of its own: training processes outside "
+                      "it are seen with pid 0, so their ranks are not bound to their process "
+                      "(forged steps are not refused), the --max-ranks-per-process and "
+                      "--max-ranks-per-user bounds do not hold for them, and their exits are not "
+                      "reported; run the agent in the host pid namespace (hostPID: true, "
+                      "docker --pid=host). Events from unknown senders are counted in "
+                      "stepwatch_agent_unknown_sender_events_total";
+  }
 }
 
 IngestServer::~IngestServer() { Stop(); }
@@ -244,6 +276,17 @@ IngestStats IngestServer::stats() const {
   s.connections_accepted_total = connections_accepted_.load(std::memory_order_relaxed);
   s.connections_refused_total = connections_refused_.load(std::memory_order_relaxed);
   s.connections_open = connections_open_.load(std::memory_order_relaxed);
+  s.unknown_sender_events_total = unknown_sender_events_.load(std::memory_order_relaxed);
+  s.own_pid_namespace = own_pid_namespace_;
+  {
+    absl::MutexLock lock(&tenant_mu_);
+    for (const auto& [uid, n] : tenant_refusals_) {
+      s.tenant_refusals_by_uid.emplace_back(absl::StrCat(uid), n);
+    }
+    if (tenant_refusals_other_ > 0)
+      s.tenant_refusals_by_uid.emplace_back("other", tenant_refusals_other_);
+    std::sort(s.tenant_refusals_by_uid.begin(), s.tenant_refusals_by_uid.end());
+  }
   {
     absl::MutexLock lock(&drops_mu_);
     s.client_dropped_by_job.reserve(drops_by_job_.size());
@@ -321,7 +364,7 @@ void IngestServer::DrainDatagrams(Buffers* b) {
     for (int i = 0; i < n; ++i) {
       msghdr& h = msgs[i].msg_hdr;
       Handle(static_cast<const char*>(iov[i].iov_base), msgs[i].msg_len,
-             (h.msg_flags & MSG_TRUNC) != 0, SenderPid(&h, 0), Transport::kDatagram);
+             (h.msg_flags & MSG_TRUNC) != 0, SenderOf(&h, Peer{}), Transport::kDatagram);
     }
     if (n < batch) return;
   }
@@ -358,8 +401,9 @@ void IngestServer::Accept() {
     // child may send on its parent's connection).
     ucred peer{};
     socklen_t len = sizeof(peer);
-    const pid_t pid =
-        ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) == 0 ? peer.pid : pid_t{0};
+    const Peer who = ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) == 0
+                         ? Peer{peer.pid, peer.uid}
+                         : Peer{};
     const int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one));
     if (!AddToEpoll(fds_.epoll, fd)) {
@@ -367,13 +411,13 @@ void IngestServer::Accept() {
       ::close(fd);
       continue;
     }
-    connections_.emplace(fd, pid);
+    connections_.emplace(fd, who);
     connections_accepted_.fetch_add(1, std::memory_order_relaxed);
     connections_open_.store(connections_.size(), std::memory_order_relaxed);
   }
 }
 
-bool IngestServer::DrainConnection(int fd, pid_t peer_pid, char* buffer) {
+bool IngestServer::DrainConnection(int fd, Peer peer, char* buffer) {
   alignas(cmsghdr) char control[kControlBytes];
   // Bounded per wake-up so that one busy client cannot starve the others.
   for (int round = 0; round < 256; ++round) {
@@ -392,7 +436,7 @@ bool IngestServer::DrainConnection(int fd, pid_t peer_pid, char* buffer) {
     }
     // 0 is the end of the connection (an empty packet is not a step event either).
     if (n == 0 && (h.msg_flags & MSG_TRUNC) == 0) return false;
-    Handle(buffer, static_cast<size_t>(n), (h.msg_flags & MSG_TRUNC) != 0, SenderPid(&h, peer_pid),
+    Handle(buffer, static_cast<size_t>(n), (h.msg_flags & MSG_TRUNC) != 0, SenderOf(&h, peer),
            Transport::kSeqpacket);
   }
   return true;
@@ -424,8 +468,35 @@ void IngestServer::CountClientDrops(const std::string& job, uint64_t dropped) {
   it->second.last_seen = seq;
 }
 
-void IngestServer::Handle(const char* data, size_t size, bool truncated, pid_t pid,
+void IngestServer::CountTenantRefusal(Peer peer, RankOwners::Verdict verdict) {
+  bool first = false;
+  {
+    absl::MutexLock lock(&tenant_mu_);
+    auto it = tenant_refusals_.find(peer.uid);
+    if (it == tenant_refusals_.end()) {
+      if (tenant_refusals_.size() >= options_.max_refused_users) {
+        ++tenant_refusals_other_;
+        return;
+      }
+      it = tenant_refusals_.emplace(peer.uid, 0).first;
+      first = true;
+    }
+    ++it->second;
+  }
+  if (first) {
+    const bool process = verdict == RankOwners::Verdict::kProcessLimit;
+    SW_LOG_WARNING << "uid " << peer.uid << " (pid " << peer.pid << ") reached "
+                   << (process ? "--max-ranks-per-process=" : "--max-ranks-per-user=")
+                   << (process ? options_.owners.max_per_process : options_.owners.max_per_user)
+                   << " (job, rank) pairs: its new ranks are refused while those processes run "
+                      "(stepwatch_agent_tenant_refusals_total{uid=\""
+                   << peer.uid << "\"}); other users are not affected";
+  }
+}
+
+void IngestServer::Handle(const char* data, size_t size, bool truncated, Peer peer,
                           Transport transport) {
+  const pid_t pid = peer.pid;
   std::atomic<uint64_t>& messages =
       transport == Transport::kDatagram ? datagrams_ : seqpacket_messages_;
   std::optional<Rejection> rejection;
@@ -438,7 +509,8 @@ void IngestServer::Handle(const char* data, size_t size, bool truncated, pid_t p
     rejection = ParseStepEvent(absl::string_view(data, size), &event, &report);
   }
   if (!rejection) {
-    switch (owners_.Claim(event.job(), event.rank(), pid)) {
+    const RankOwners::Verdict verdict = owners_.Claim(event.job(), event.rank(), pid, peer.uid);
+    switch (verdict) {
       case RankOwners::Verdict::kAccepted:
         break;
       case RankOwners::Verdict::kNotOwner:
@@ -450,6 +522,18 @@ void IngestServer::Handle(const char* data, size_t size, bool truncated, pid_t p
       case RankOwners::Verdict::kFull:
         rejection = Rejection{RejectReason::kNotOwner,
                               "too many (job, rank) pairs of live processes on this node"};
+        break;
+      case RankOwners::Verdict::kProcessLimit:
+        rejection = Rejection{RejectReason::kTenantLimit,
+                              absl::StrCat("pid ", pid, " owns --max-ranks-per-process=",
+                                           options_.owners.max_per_process, " (job, rank) pairs")};
+        CountTenantRefusal(peer, verdict);
+        break;
+      case RankOwners::Verdict::kUserLimit:
+        rejection = Rejection{RejectReason::kTenantLimit,
+                              absl::StrCat("uid ", peer.uid, " owns --max-ranks-per-user=",
+                                           options_.owners.max_per_user, " (job, rank) pairs")};
+        CountTenantRefusal(peer, verdict);
         break;
     }
   }
@@ -467,6 +551,14 @@ void IngestServer::Handle(const char* data, size_t size, bool truncated, pid_t p
                              : std::string());
     }
     return;
+  }
+  if (pid == 0 && unknown_sender_events_.fetch_add(1, std::memory_order_relaxed) == 0) {
+    // Exact where the start-up check can miss (a container's own /proc shows one pid level).
+    SW_LOG_WARNING << "a step event of job " << event.job()
+                   << " came from a process the kernel cannot name in the agent's pid namespace "
+                      "(pid 0): its rank is not bound to it, no tenant bound or exit tracking "
+                      "applies; run the agent in the host pid namespace. Counted in "
+                      "stepwatch_agent_unknown_sender_events_total; logged once";
   }
   event.set_pid(pid);
   event.set_received_unix_nanos(clock_->NowUnixNanos());

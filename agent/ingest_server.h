@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -23,6 +24,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/rank_owners.h"
 #include "agent/step_event_parser.h"
@@ -47,8 +49,14 @@ struct IngestServerOptions {
   mode_t socket_mode = 0660;
   // Group of the socket file (training users belong to it); -1 keeps the agent's own group.
   gid_t socket_group = static_cast<gid_t>(-1);
-  // Bounds the (job, rank) -> sender pid bindings that refuse forged events.
+  // Bounds the (job, rank) -> sender pid bindings that refuse forged events, in all, per process
+  // and per user.
   RankOwnersOptions owners;
+  // Most users whose refusals for tenant_limit are counted apart (a `uid` label); the others are
+  // counted under uid="other".
+  size_t max_refused_users = 32;
+  // /proc/self/status, read at start to tell whether the agent has a pid namespace of its own.
+  std::string proc_self_status = "/proc/self/status";
   // Mode of the parent directory when it has to be created.
   mode_t directory_mode = 0755;
   // Requested SO_RCVBUF; the kernel caps it at net.core.rmem_max unless SO_RCVBUFFORCE is allowed.
@@ -80,7 +88,19 @@ struct IngestStats {
   uint64_t connections_open = 0;
   // Per job: events the clients reported they failed to send (the "dropped" field), by job name.
   std::vector<std::pair<std::string, uint64_t>> client_dropped_by_job;
+  // Events refused for tenant_limit, by the sender's uid ("other" past max_refused_users).
+  std::vector<std::pair<std::string, uint64_t>> tenant_refusals_by_uid;
+  // Accepted events whose sender's pid the kernel could not tell (0: a process in another pid
+  // namespace): no rank ownership, per-process bound or exit tracking applies to them.
+  uint64_t unknown_sender_events_total = 0;
+  // The agent runs in a pid namespace of its own (PidNamespaceNested).
+  bool own_pid_namespace = false;
 };
+
+// Whether the process whose /proc/<pid>/status text is `status` runs in a pid namespace below the
+// initial one: its "NSpid:" line lists more than one pid. A sender outside that namespace is seen
+// with pid 0 (SO_PEERCRED, SCM_CREDENTIALS). nullopt when the line is absent (kernel < 4.1).
+std::optional<bool> PidNamespaceNested(absl::string_view status);
 
 class IngestServer {
  public:
@@ -108,6 +128,11 @@ class IngestServer {
 
  private:
   enum class Transport { kDatagram, kSeqpacket };
+  // The sender of a message, as the kernel tells it.
+  struct Peer {
+    pid_t pid = 0;
+    uid_t uid = RankOwners::kUnknownUid;
+  };
   struct Fds {
     int datagram = -1;
     int seqpacket = -1;  // listening
@@ -122,9 +147,11 @@ class IngestServer {
   void DrainDatagrams(Buffers* b);
   void Accept();
   // Reads what a connection has queued; false when it is closed (EOF or error).
-  bool DrainConnection(int fd, pid_t peer_pid, char* buffer);
+  bool DrainConnection(int fd, Peer peer, char* buffer);
   void CloseConnection(int fd);
-  void Handle(const char* data, size_t size, bool truncated, pid_t pid, Transport transport);
+  void Handle(const char* data, size_t size, bool truncated, Peer peer, Transport transport);
+  // Counts a tenant_limit refusal under the sender's uid; logs the first one of each user.
+  void CountTenantRefusal(Peer peer, RankOwners::Verdict verdict) ABSL_LOCKS_EXCLUDED(tenant_mu_);
   void CountClientDrops(const std::string& job, uint64_t dropped) ABSL_LOCKS_EXCLUDED(drops_mu_);
 
   const IngestServerOptions options_;
@@ -132,8 +159,9 @@ class IngestServer {
   const SystemClock system_clock_;
   const Clock* clock_;
   Fds fds_;
-  // Open connections -> the peer's pid (SO_PEERCRED); receive thread only.
-  absl::flat_hash_map<int, pid_t> connections_;
+  // Open connections -> the peer (SO_PEERCRED); receive thread only.
+  absl::flat_hash_map<int, Peer> connections_;
+  bool own_pid_namespace_ = false;
   int granted_rcvbuf_ = 0;
   std::thread thread_;
   std::atomic<bool> stopping_{false};
@@ -148,6 +176,11 @@ class IngestServer {
   std::atomic<uint64_t> connections_accepted_{0};
   std::atomic<uint64_t> connections_refused_{0};
   std::atomic<uint64_t> connections_open_{0};
+  std::atomic<uint64_t> unknown_sender_events_{0};
+
+  mutable absl::Mutex tenant_mu_;
+  absl::flat_hash_map<uid_t, uint64_t> tenant_refusals_ ABSL_GUARDED_BY(tenant_mu_);
+  uint64_t tenant_refusals_other_ ABSL_GUARDED_BY(tenant_mu_) = 0;
 
   struct JobDrops {
     uint64_t dropped = 0;

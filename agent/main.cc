@@ -16,6 +16,7 @@
 #include "agent/agent_metrics.h"
 #include "agent/collector_router.h"
 #include "agent/ingest_server.h"
+#include "agent/peer_strings.h"
 #include "agent/shipper.h"
 #include "common/clock.h"
 #include "common/collectors.h"
@@ -117,6 +118,13 @@ ABSL_FLAG(std::string, seqpacket_socket, "",
           "where clients look for it; \"none\": datagrams only. Same mode and group as --socket.");
 ABSL_FLAG(int64_t, max_connections, 512,
           "Most open connections on --seqpacket-socket; more are refused and counted.");
+ABSL_FLAG(int64_t, max_ranks_per_process, 4096,
+          "Most (job, rank) pairs one live sender process may own; its new ones beyond are "
+          "refused (reason tenant_limit) and counted by uid, so that one tenant of a shared node "
+          "cannot fill the agent's table.");
+ABSL_FLAG(int64_t, max_ranks_per_user, 16384,
+          "Most (job, rank) pairs the live processes of one uid may own together (of 65536 in "
+          "all); beyond, that user's new ranks are refused and counted, the others' admitted.");
 
 namespace {
 
@@ -248,6 +256,9 @@ int main(int argc, char** argv) {
   {
     v1::NodeInfo described = node_info;
     gpus->DescribeNode(&described);
+    // The driver's strings reach this log too: bounded and printable first.
+    agent::PeerStringCounts ignored{};
+    agent::BoundPeerStrings(&described, nullptr, &ignored);
     if (described.nvml_available()) {
       SW_LOG_INFO << "NVML loaded from " << gpu_options.nvml_library << ": "
                   << described.gpu_count() << " GPUs, driver " << described.driver_version();
@@ -313,7 +324,10 @@ int main(int argc, char** argv) {
   agent::CollectorRouter router(router_options, gpus.get(), host.get());
   // Fails on a --spool-dir that cannot be used: that must fail the start, not only log.
   if (absl::Status st = router.Start(); !st.ok()) {
-    SW_LOG_ERROR << "cannot start shipping: " << st;
+    SW_LOG_ERROR << "cannot start shipping"
+                 << (spool_dir.empty() ? std::string()
+                                       : absl::StrCat(" (--spool-dir=", spool_dir, ")"))
+                 << ": " << st;
     return 1;
   }
 
@@ -351,6 +365,17 @@ int main(int argc, char** argv) {
       UsageError("--max-connections must be between 1 and 65536");
     }
     ingest_options.max_connections = static_cast<int>(max_connections);
+    const int64_t per_process = absl::GetFlag(FLAGS_max_ranks_per_process);
+    const int64_t per_user = absl::GetFlag(FLAGS_max_ranks_per_user);
+    const int64_t table = static_cast<int64_t>(ingest_options.owners.max_bindings);
+    if (per_process < 1 || per_process > table) {
+      UsageError(absl::StrCat("--max-ranks-per-process must be between 1 and ", table));
+    }
+    if (per_user < 1 || per_user > table) {
+      UsageError(absl::StrCat("--max-ranks-per-user must be between 1 and ", table));
+    }
+    ingest_options.owners.max_per_process = static_cast<size_t>(per_process);
+    ingest_options.owners.max_per_user = static_cast<size_t>(per_user);
   }
   absl::StatusOr<std::unique_ptr<agent::IngestServer>> ingest = agent::IngestServer::Start(
       ingest_options, [&router](v1::StepEvent&& event) { router.AddStep(std::move(event)); });

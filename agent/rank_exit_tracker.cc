@@ -89,7 +89,8 @@ void RankExitTracker::EvictOldest() {
   }
 }
 
-std::vector<v1::RankExit> RankExitTracker::Check(int64_t now_unix_nanos) {
+std::vector<v1::RankExit> RankExitTracker::Check(int64_t now_unix_nanos,
+                                                 std::optional<int64_t> exited_unix_nanos) {
   const int64_t forget_before = now_unix_nanos - absl::ToInt64Nanoseconds(options_.forget_after);
   // Ranks of one process share its verdict: one check per pid, made without the lock so that the
   // ingest thread never waits on /proc.
@@ -120,7 +121,7 @@ std::vector<v1::RankExit> RankExitTracker::Check(int64_t now_unix_nanos) {
           x.set_job(jit->first);
           x.set_rank(rit->first);
           x.set_pid(e.pid);
-          x.set_exited_unix_nanos(now_unix_nanos);
+          x.set_exited_unix_nanos(exited_unix_nanos.value_or(now_unix_nanos));
           drop = true;
         }
       }

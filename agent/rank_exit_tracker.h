@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,15 +39,20 @@ class RankExitTracker {
  public:
   explicit RankExitTracker(RankExitTrackerOptions options = {});
 
-  // Records that `pid` sent a step for (job, rank). pid 0 (unknown sender) is ignored. Thread-safe
+  // Records that `pid` sent a step for (job, rank). `now_unix_nanos` may be on any clock, the one
+  // Check() is given (the agent uses the monotonic one, so that a wall-clock step neither forgets
+  // entries nor keeps them). pid 0 (unknown sender) is ignored. Thread-safe
   // and cheap: no system call, no allocation for a (job, rank) already tracked.
   void Observe(absl::string_view job, int rank, pid_t pid, int64_t now_unix_nanos)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Checks every tracked pid (one check per distinct pid) and returns the (job, rank) entries whose
   // process is gone; they are forgotten, so each exit is reported once. A later step for the same
-  // (job, rank) tracks it again. Also forgets entries unseen for forget_after. Thread-safe.
-  std::vector<v1::RankExit> Check(int64_t now_unix_nanos) ABSL_LOCKS_EXCLUDED(mu_);
+  // (job, rank) tracks it again. Also forgets entries unseen for forget_after. The reports carry
+  // `exited_unix_nanos` (the wall time; default `now_unix_nanos`). Thread-safe.
+  std::vector<v1::RankExit> Check(int64_t now_unix_nanos,
+                                  std::optional<int64_t> exited_unix_nanos = std::nullopt)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Entries held now.
   size_t size() const ABSL_LOCKS_EXCLUDED(mu_);

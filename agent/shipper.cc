@@ -57,6 +57,7 @@ NodeReading ReadNode(const v1::NodeInfo& info, gpu::GpuSource* gpus, host::HostS
       ++r.host_errors;
     }
   }
+  BoundPeerStrings(&r.node, &r.gpus, &r.strings_bounded);
   return r;
 }
 
@@ -87,7 +88,7 @@ absl::Status Shipper::Start() {
     absl::MutexLock lock(&mu_);
     if (started_) return absl::FailedPreconditionError("already started");
     started_ = true;
-    link_since_ = clock_->TimeNow();
+    link_since_ = clock_->MonotonicNow();
     if (options_.spool != nullptr) {
       // What an earlier process left goes out first; new batches continue above its seqs.
       last_seq_ = options_.spool->last_seq();
@@ -123,9 +124,8 @@ absl::Status Shipper::Start() {
 }
 
 void Shipper::AddStep(v1::StepEvent&& event) {
-  exits_.Observe(
-      event.job(), event.rank(), event.pid(),
-      event.received_unix_nanos() != 0 ? event.received_unix_nanos() : clock_->NowUnixNanos());
+  exits_.Observe(event.job(), event.rank(), event.pid(),
+                 absl::ToInt64Nanoseconds(clock_->MonotonicNow()));
   absl::MutexLock lock(&mu_);
   if (pending_.size() >= options_.max_pending_events) {
     ++stats_.events_dropped_total;
@@ -154,8 +154,7 @@ void Shipper::Stop(absl::Duration flush_timeout) {
   {
     absl::MutexLock lock(&mu_);
     // Bounded flush, and none at all while the collector is away: it cannot hold up shutdown.
-    clock_->AwaitWithDeadline(&mu_, absl::Condition(this, &Shipper::FlushedOrDisconnected),
-                              clock_->TimeNow() + flush_timeout);
+    clock_->AwaitFor(&mu_, absl::Condition(this, &Shipper::FlushedOrDisconnected), flush_timeout);
     if (!buffer_.empty()) {
       SW_LOG_WARNING << "shutting down with " << buffer_.size()
                      << " batches not acknowledged by the collector"
@@ -176,6 +175,12 @@ ShipperStats Shipper::stats() const {
   s.pending_events = pending_.size();
   s.last_seq = last_seq_;
   s.acked_seq = acked_seq_;
+  s.unspooled_batches = unspooled_;
+  if (unspooled_ > 0) {
+    for (const Entry& e : buffer_) {
+      if (!e.spooled) s.unspooled_events += e.batch->steps_size();
+    }
+  }
   if (options_.spool != nullptr) s.spool = options_.spool->stats();
   return s;
 }
@@ -191,18 +196,20 @@ NodeSnapshot Shipper::LatestSamples() const {
 }
 
 void Shipper::TickerLoop() {
-  absl::Time next = clock_->TimeNow() + options_.interval;
+  // On the monotonic clock: a wall clock stepped back an hour must not hold batches for an hour.
+  absl::Duration next = clock_->MonotonicNow() + options_.interval;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
-      if (clock_->AwaitWithDeadline(&mu_, absl::Condition(this, &Shipper::TickerStopping), next)) {
+      if (clock_->AwaitFor(&mu_, absl::Condition(this, &Shipper::TickerStopping),
+                           next - clock_->MonotonicNow())) {
         return;
       }
     }
     CutBatches(/*with_samples=*/true);
     next += options_.interval;
     // After a stall (suspended process, slow NVML) skip missed ticks instead of bursting.
-    const absl::Time now = clock_->TimeNow();
+    const absl::Duration now = clock_->MonotonicNow();
     if (next < now) next = now + options_.interval;
   }
 }
@@ -221,7 +228,7 @@ void Shipper::CutBatches(bool with_samples) {
   // Check the senders before taking the pending steps: every step a process sent before it exited
   // is then in this batch or an earlier one, ahead of its exit.
   std::vector<v1::RankExit> exits;
-  if (with_samples) exits = exits_.Check(now);
+  if (with_samples) exits = exits_.Check(absl::ToInt64Nanoseconds(clock_->MonotonicNow()), now);
 
   CutContents cut;
   cut.created_unix_nanos = now;
@@ -234,6 +241,9 @@ void Shipper::CutBatches(bool with_samples) {
     cut.steps.swap(pending_);
     stats_.rank_exits_total += cut.rank_exits.size();
     stats_.gpu_sample_errors_total += reading.gpu_errors;
+    for (int i = 0; i < kPeerStringFieldCount; ++i) {
+      stats_.peer_strings_bounded_total[i] += reading.strings_bounded[i];
+    }
     stats_.host_sample_errors_total += reading.host_errors;
   }
   EnqueueLocked(std::move(cut));
@@ -273,16 +283,25 @@ void Shipper::EnqueueLocked(CutContents cut) {
     for (auto& batch : batches) batch->set_seq(++last_seq_);
   }
   // Seqs are handed out in cut order (cut_mu_ is held), so the buffer stays sorted by seq.
-  if (options_.spool != nullptr) SpoolBatches(batches);
+  size_t spooled = batches.size();
+  if (options_.spool != nullptr) {
+    RespoolHeld();
+    spooled = SpoolBatches(batches);
+  }
 
   std::vector<uint64_t> dropped;
   {
     absl::MutexLock lock(&mu_);
-    for (auto& batch : batches) {
+    for (size_t i = 0; i < batches.size(); ++i) {
       Entry e;
-      e.seq = batch->seq();
-      e.bytes = batch->ByteSizeLong();
-      e.batch = std::move(batch);
+      e.seq = batches[i]->seq();
+      e.bytes = batches[i]->ByteSizeLong();
+      e.batch = std::move(batches[i]);
+      e.spooled = i < spooled;
+      if (!e.spooled) {
+        ++unspooled_;
+        stats_.events_unspooled_total += e.batch->steps_size();
+      }
       buffered_bytes_ += e.bytes;
       stats_.events_shipped_total += e.batch->steps_size();
       buffer_.push_back(std::move(e));
@@ -292,6 +311,7 @@ void Shipper::EnqueueLocked(CutContents cut) {
     while (buffer_.size() > options_.max_buffered_batches ||
            (buffer_.size() > 1 && buffered_bytes_ > options_.max_buffered_bytes)) {
       buffered_bytes_ -= buffer_.front().bytes;
+      if (!buffer_.front().spooled) --unspooled_;
       dropped.push_back(buffer_.front().seq);
       buffer_.pop_front();
       ++stats_.batches_dropped_total;
@@ -302,26 +322,76 @@ void Shipper::EnqueueLocked(CutContents cut) {
   }
 }
 
-void Shipper::SpoolBatches(const std::vector<std::shared_ptr<v1::ReportBatch>>& batches) {
+void Shipper::RespoolHeld() {
+  constexpr size_t kMaxPerCut = 64;
+  std::vector<std::shared_ptr<v1::ReportBatch>> held;
+  {
+    absl::MutexLock lock(&mu_);
+    if (unspooled_ == 0) return;
+    for (const Entry& e : buffer_) {
+      if (e.spooled) continue;
+      // A copy: the stream thread sets base_seq on the shared one.
+      held.push_back(std::make_shared<v1::ReportBatch>(*e.batch));
+      if (held.size() == kMaxPerCut) break;
+    }
+  }
+  absl::Status st = options_.spool->Reserve(held.back()->seq());
+  size_t written = 0;
+  while (st.ok() && written < held.size()) {
+    st = options_.spool->Write(*held[written]);
+    if (st.ok()) ++written;
+  }
+  if (written == 0) return;  // still full: the next cut tries again
+  std::vector<uint64_t> gone;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < written; ++i) {
+      const uint64_t seq = held[i]->seq();
+      auto it = std::lower_bound(buffer_.begin(), buffer_.end(), seq,
+                                 [](const Entry& e, uint64_t s) { return e.seq < s; });
+      if (it == buffer_.end() || it->seq != seq) {
+        gone.push_back(seq);  // acknowledged or dropped meanwhile: not to be replayed
+        continue;
+      }
+      if (!it->spooled) {
+        it->spooled = true;
+        --unspooled_;
+        ++stats_.batches_respooled_total;
+      }
+    }
+  }
+  for (uint64_t seq : gone) options_.spool->Remove(seq, /*dropped=*/false);
+}
+
+size_t Shipper::SpoolBatches(const std::vector<std::shared_ptr<v1::ReportBatch>>& batches) {
   absl::Status st = options_.spool->Reserve(batches.back()->seq());
-  for (size_t i = 0; st.ok() && i < batches.size(); ++i) st = options_.spool->Write(*batches[i]);
+  size_t written = 0;
+  while (st.ok() && written < batches.size()) {
+    st = options_.spool->Write(*batches[written]);
+    if (st.ok()) ++written;
+  }
   if (!st.ok()) {
     // Still sent from memory: only a crash before the acknowledgement could lose these.
     uint64_t suppressed = 0;
-    if (spool_log_.Allow(&suppressed)) SW_LOG_WARNING << "spool: " << st.message();
+    if (spool_log_.Allow(&suppressed)) {
+      SW_LOG_WARNING << "spool: " << st.message() << "; " << (batches.size() - written)
+                     << " batches held in memory only until the spool takes them (a crash loses "
+                        "them; stepwatch_agent_spool_unspooled_batches)";
+    }
   }
+  return written;
 }
 
 void Shipper::SleepUnlessStopped(absl::Duration d) {
   absl::MutexLock lock(&mu_);
-  clock_->AwaitWithDeadline(&mu_, absl::Condition(this, &Shipper::Stopping), clock_->TimeNow() + d);
+  clock_->AwaitFor(&mu_, absl::Condition(this, &Shipper::Stopping), d);
 }
 
 bool Shipper::WaitForChannel() {
   // gRPC waits in real time, in short slices; the connect timeout is measured on the clock.
-  const absl::Time deadline = clock_->TimeNow() + options_.connect_timeout;
+  const absl::Duration deadline = clock_->MonotonicNow() + options_.connect_timeout;
   bool tried = false;
-  while (clock_->TimeNow() < deadline) {
+  while (clock_->MonotonicNow() < deadline) {
     {
       absl::MutexLock lock(&mu_);
       if (stop_) return false;
@@ -394,7 +464,7 @@ bool Shipper::RunStream() {
   {
     absl::MutexLock lock(&mu_);
     stats_.connected = true;
-    link_since_ = clock_->TimeNow();
+    link_since_ = clock_->MonotonicNow();
     ++stats_.connects_total;
   }
   std::thread reader([this, &stream] {
@@ -409,15 +479,17 @@ bool Shipper::RunStream() {
   while (true) {
     // Until there is something to do, or the acknowledgement deadline. An acknowledgement that
     // moves the deadline later only makes this wake early and wait again.
-    const absl::Time ack_deadline =
-        awaiting_ack_since_ ? *awaiting_ack_since_ + options_.ack_timeout : absl::InfiniteFuture();
-    clock_->AwaitWithDeadline(&mu_, absl::Condition(this, &Shipper::StreamHasWork), ack_deadline);
+    const absl::Duration ack_wait =
+        awaiting_ack_since_ ? *awaiting_ack_since_ + options_.ack_timeout - clock_->MonotonicNow()
+                            : absl::InfiniteDuration();
+    clock_->AwaitFor(&mu_, absl::Condition(this, &Shipper::StreamHasWork), ack_wait);
     if (stop_) break;
     if (stream_broken_) {
       why = "stream closed";
       break;
     }
-    if (awaiting_ack_since_ && clock_->TimeNow() >= *awaiting_ack_since_ + options_.ack_timeout) {
+    if (awaiting_ack_since_ &&
+        clock_->MonotonicNow() >= *awaiting_ack_since_ + options_.ack_timeout) {
       why = absl::StrCat("no acknowledgement for ", absl::FormatDuration(options_.ack_timeout));
       break;
     }
@@ -430,7 +502,7 @@ bool Shipper::RunStream() {
     const bool resend = it->sent_before;
     it->sent_before = true;
     written_seq_ = it->seq;
-    if (!awaiting_ack_since_) awaiting_ack_since_ = clock_->TimeNow();
+    if (!awaiting_ack_since_) awaiting_ack_since_ = clock_->MonotonicNow();
     mu_.Unlock();
     const bool ok = stream->Write(*batch);
     mu_.Lock();
@@ -444,7 +516,7 @@ bool Shipper::RunStream() {
   const bool acked = acked_on_stream_;
   if (stop_) why.clear();  // shutting down is not worth a warning
   stats_.connected = false;
-  link_since_ = clock_->TimeNow();
+  link_since_ = clock_->MonotonicNow();
   mu_.Unlock();
 
   // A stream the collector closed has ended on its own, and Finish() then reports the
@@ -474,6 +546,7 @@ void Shipper::OnAck(const v1::IngestAck& ack) {
     acked_seq_ = ack.acked_seq();
     while (!buffer_.empty() && buffer_.front().seq <= acked_seq_) {
       buffered_bytes_ -= buffer_.front().bytes;
+      if (!buffer_.front().spooled) --unspooled_;
       acked.push_back(buffer_.front().seq);
       buffer_.pop_front();
       ++stats_.batches_acknowledged_total;
@@ -488,7 +561,7 @@ void Shipper::OnAck(const v1::IngestAck& ack) {
     if (acked_seq_ >= written_seq_) {
       awaiting_ack_since_.reset();
     } else {
-      awaiting_ack_since_ = clock_->TimeNow();
+      awaiting_ack_since_ = clock_->MonotonicNow();
     }
   }
   if (options_.spool != nullptr) {

@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/backoff.h"
+#include "agent/peer_strings.h"
 #include "agent/rank_exit_tracker.h"
 #include "agent/spool.h"
 #include "common/clock.h"
@@ -71,8 +72,9 @@ struct ShipperOptions {
   // Sender processes of step events are checked every interval; the (job, rank) entries whose
   // process exited go out once in ReportBatch.rank_exits (a finished job, not a stalled one).
   RankExitTrackerOptions rank_exits;
-  // Time of batches and step events, and of every wait: the interval, the reconnect backoff, the
-  // connect, acknowledgement and flush timeouts. nullptr means the system clock.
+  // Time of batches and step events (TimeNow), and of every wait, measured on its MonotonicNow so
+  // that a wall-clock step moves no schedule: the interval, the reconnect backoff, the connect,
+  // acknowledgement and flush timeouts. nullptr means the system clock.
   const Clock* clock = nullptr;
   // With TLS, the name the collector's certificate must carry when `collector` is an IP address
   // resolved from a DNS name (dns:///NAME:PORT); empty: the host in `collector`.
@@ -113,8 +115,17 @@ struct ShipperStats {
   uint64_t rank_exits_total = 0;
   uint64_t last_seq = 0;
   uint64_t acked_seq = 0;
+  // NVML and host strings cut to their bound or with bytes replaced, by field (peer_strings.h).
+  PeerStringCounts peer_strings_bounded_total{};
   // Filled in when a spool is used.
   std::optional<SpoolStats> spool;
+  // With a spool: batches (and their events) held only in memory because they could not be
+  // written (a full disk): what a crash of the agent now would lose. Retried on every cut.
+  uint64_t unspooled_batches = 0;
+  uint64_t unspooled_events = 0;
+  // Events put into batches that could not be spooled when cut; batches written on a retry.
+  uint64_t events_unspooled_total = 0;
+  uint64_t batches_respooled_total = 0;
 };
 
 // What one cut carries to one collector: the contents of its batches before seqs are given.
@@ -133,8 +144,9 @@ struct CutContents {
 // Whether the stream is open, and since when it is (or is not).
 struct LinkState {
   bool connected = false;
-  // When the stream last opened (connected) or closed; the Start() time if it never opened.
-  absl::Time since = absl::InfinitePast();
+  // When the stream last opened (connected) or closed, or the Start() time if it never opened,
+  // on the clock's MonotonicNow().
+  absl::Duration since = -absl::InfiniteDuration();
 };
 
 // The latest readings, for the agent's own /metrics.
@@ -152,8 +164,11 @@ struct NodeReading {
   std::optional<v1::HostSample> host;
   uint64_t gpu_errors = 0;
   uint64_t host_errors = 0;
+  // Strings of `node` and `gpus` that BoundPeerStrings changed.
+  PeerStringCounts strings_bounded{};
 };
-// `gpus` and `host` may be nullptr (nothing of that kind is read).
+// `gpus` and `host` may be nullptr (nothing of that kind is read). The peer-chosen strings are
+// bounded (BoundPeerStrings).
 NodeReading ReadNode(const v1::NodeInfo& info, gpu::GpuSource* gpus, host::HostSampler* host,
                      int64_t now_unix_nanos, bool with_samples);
 
@@ -203,6 +218,8 @@ class Shipper {
     std::shared_ptr<v1::ReportBatch> batch;
     size_t bytes = 0;
     bool sent_before = false;
+    // On disk (always true without a spool).
+    bool spooled = true;
   };
 
   void TickerLoop();
@@ -213,8 +230,11 @@ class Shipper {
   bool WaitForChannel();
   void CutBatches(bool with_samples);
   void EnqueueLocked(CutContents cut) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cut_mu_);
-  // Writes freshly cut batches to the spool before anyone may send them.
-  void SpoolBatches(const std::vector<std::shared_ptr<v1::ReportBatch>>& batches);
+  // Writes freshly cut batches to the spool before anyone may send them; returns how many (a
+  // prefix) were written.
+  size_t SpoolBatches(const std::vector<std::shared_ptr<v1::ReportBatch>>& batches);
+  // Writes up to a bound of the held batches that could not be spooled before (space was freed).
+  void RespoolHeld() ABSL_EXCLUSIVE_LOCKS_REQUIRED(cut_mu_) ABSL_LOCKS_EXCLUDED(mu_);
   void OnAck(const v1::IngestAck& ack);
   // Sleeps up to `d` on the clock unless Stop() is called.
   void SleepUnlessStopped(absl::Duration d) ABSL_LOCKS_EXCLUDED(mu_);
@@ -252,17 +272,19 @@ class Shipper {
   std::vector<v1::StepEvent> pending_ ABSL_GUARDED_BY(mu_);
   std::deque<Entry> buffer_ ABSL_GUARDED_BY(mu_);
   size_t buffered_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Entries of buffer_ with spooled == false.
+  size_t unspooled_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_seq_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t acked_seq_ ABSL_GUARDED_BY(mu_) = 0;
   // Highest seq written on the current stream; 0 right after (re)connecting.
   uint64_t written_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  // Set when written batches are waiting for an acknowledgement.
-  std::optional<absl::Time> awaiting_ack_since_ ABSL_GUARDED_BY(mu_);
+  // Set when written batches are waiting for an acknowledgement (MonotonicNow()).
+  std::optional<absl::Duration> awaiting_ack_since_ ABSL_GUARDED_BY(mu_);
   bool stream_broken_ ABSL_GUARDED_BY(mu_) = false;
   bool acked_on_stream_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
   ShipperStats stats_ ABSL_GUARDED_BY(mu_);
-  absl::Time link_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Duration link_since_ ABSL_GUARDED_BY(mu_) = -absl::InfiniteDuration();
 
   LogRateLimiter spool_log_{3, std::chrono::seconds(60)};
 

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -92,18 +94,53 @@ struct BootFile {
   uint64_t reserved = 0;
 };
 
+// What MakeBootId makes (32 hex digits), with room: a boot_id read back from the disk is sent on
+// every batch, so the disk's say is bounded like a peer's.
+bool ValidBootId(absl::string_view id) {
+  if (id.empty() || id.size() > 64) return false;
+  for (char c : id) {
+    const bool ok = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    c == '-' || c == '_';
+    if (!ok) return false;
+  }
+  return true;
+}
+
 std::optional<BootFile> ParseBootFile(absl::string_view text) {
   std::vector<absl::string_view> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
   if (lines.size() != 4 || lines[0] != kBootHeader) return std::nullopt;
   BootFile b;
   if (!absl::ConsumePrefix(&lines[1], "agent_id ") || !absl::ConsumePrefix(&lines[2], "boot_id ") ||
       !absl::ConsumePrefix(&lines[3], "reserved_seq ") ||
-      !absl::SimpleAtoi(lines[3], &b.reserved) || lines[2].empty()) {
+      !absl::SimpleAtoi(lines[3], &b.reserved) || !ValidBootId(lines[2])) {
     return std::nullopt;
   }
   b.agent_id = std::string(lines[1]);
   b.boot_id = std::string(lines[2]);
   return b;
+}
+
+// Whether the filesystem of `dir` has (next to) no space left for an unprivileged writer.
+bool DiskFull(const std::string& dir) {
+  struct statvfs vfs;
+  if (::statvfs(dir.c_str(), &vfs) != 0) return false;
+  return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < 64 * 1024 || vfs.f_favail == 0;
+}
+
+// Overwrites the existing file `path` with `text` in place: no new block is needed when the file
+// already holds one (a full disk), and a write of less than a page is not torn by a crash of the
+// process. Used only when the atomic rename cannot be had.
+absl::Status RewriteInPlace(const std::string& path, absl::string_view text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus("cannot open", path);
+  absl::Status st;
+  if (::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+    st = ErrnoStatus("cannot rewrite", path);
+  } else if (::ftruncate(fd, static_cast<off_t>(text.size())) != 0 || ::fdatasync(fd) != 0) {
+    st = ErrnoStatus("cannot sync", path);
+  }
+  ::close(fd);
+  return st;
 }
 
 }  // namespace
@@ -121,14 +158,19 @@ absl::StatusOr<std::unique_ptr<Spool>> Spool::Open(const SpoolOptions& options,
   std::error_code ec;
   std::filesystem::create_directories(options.dir, ec);
   if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create spool directory ", options.dir, ": ", ec.message()));
+    const std::string message =
+        absl::StrCat("cannot create spool directory ", options.dir, ": ", ec.message());
+    return ec == std::errc::no_space_on_device ? absl::ResourceExhaustedError(message)
+                                               : absl::FailedPreconditionError(message);
   }
   const std::string lock_path = absl::StrCat(options.dir, "/lock");
   const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("spool directory ", options.dir, " is not writable: ", std::strerror(errno)));
+    const int err = errno;
+    const std::string message =
+        absl::StrCat("spool directory ", options.dir, " is not writable: ", std::strerror(err));
+    return err == ENOSPC || err == EDQUOT ? absl::ResourceExhaustedError(message)
+                                          : absl::FailedPreconditionError(message);
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
@@ -177,7 +219,11 @@ absl::Status Spool::Load() {
   std::filesystem::directory_iterator it(options_.dir, ec);
   for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (SeqOfName(name, ".tmp") != 0) {
+    if (absl::StartsWith(name, "boot.tmp.")) {
+      // A boot file write a killed process left: on a full disk it holds the space needed.
+      std::filesystem::remove(it->path(), ec);
+      ec.clear();
+    } else if (SeqOfName(name, ".tmp") != 0) {
       // Never renamed into place: the writer died before the batch was complete or sent.
       std::filesystem::remove(it->path(), ec);
       ec.clear();
@@ -205,7 +251,7 @@ absl::Status Spool::Load() {
       ok = GetLe(data->data() + 20, 4) == Crc32c(payload) &&
            batch->ParseFromArray(payload.data(), static_cast<int>(payload.size())) &&
            batch->seq() == seq && batch->agent_id() == agent_id_ &&
-           (boot_id_.empty() || batch->boot_id() == boot_id_) && !batch->boot_id().empty();
+           (boot_id_.empty() || batch->boot_id() == boot_id_) && ValidBootId(batch->boot_id());
     }
     if (!ok) {
       ++corrupt;
@@ -229,7 +275,14 @@ absl::Status Spool::Load() {
     stats_.replayed_batches_total = recovered_.size();
   }
   // Lease the next block now: this also proves the directory is writable.
-  return Reserve(start_seq_ + 1);
+  absl::Status st = Reserve(start_seq_ + 1);
+  if (!st.ok() && DiskFull(options_.dir)) {
+    // No boot file to rewrite in place, and no room for one: the caller decides whether to run
+    // without a spool (the batches found stay on disk for a later start).
+    return absl::ResourceExhaustedError(
+        absl::StrCat("spool directory ", options_.dir, " is on a full disk: ", st.message()));
+  }
+  return st;
 }
 
 std::vector<std::shared_ptr<v1::ReportBatch>> Spool::TakeRecovered() {
@@ -237,9 +290,18 @@ std::vector<std::shared_ptr<v1::ReportBatch>> Spool::TakeRecovered() {
 }
 
 absl::Status Spool::WriteBootFile(uint64_t reserved) {
-  const std::string text = absl::StrCat(kBootHeader, "\nagent_id ", agent_id_, "\nboot_id ",
-                                        boot_id_, "\nreserved_seq ", reserved, "\n");
-  return WriteFileAtomically(absl::StrCat(options_.dir, "/", kBootFile), text);
+  // A fixed width, so that every rewrite has the same size (see RewriteInPlace).
+  const std::string text = absl::StrFormat("%s\nagent_id %s\nboot_id %s\nreserved_seq %020d\n",
+                                           kBootHeader, agent_id_, boot_id_, reserved);
+  const std::string path = absl::StrCat(options_.dir, "/", kBootFile);
+  absl::Status st = WriteFileAtomically(path, text);
+  if (st.ok()) return st;
+  // A full disk has no block for the temporary copy; the boot file holds one already.
+  if (absl::Status in_place = RewriteInPlace(path, text); in_place.ok()) {
+    ++boot_rewrites_in_place_;
+    return in_place;
+  }
+  return st;
 }
 
 absl::Status Spool::Reserve(uint64_t seq) {
@@ -311,6 +373,7 @@ void Spool::Remove(uint64_t seq, bool dropped) {
 SpoolStats Spool::stats() const {
   absl::MutexLock lock(&mu_);
   SpoolStats s = stats_;
+  s.boot_rewrites_in_place_total = boot_rewrites_in_place_;
   s.batches = files_.size();
   s.bytes = bytes_;
   return s;

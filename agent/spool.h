@@ -49,6 +49,8 @@ struct SpoolStats {
   // Batches deleted before the collector acknowledged them (the bound was reached).
   uint64_t dropped_batches_total = 0;
   uint64_t write_errors_total = 0;
+  // Lease writes that could not get a new file (a full disk) and rewrote the boot file in place.
+  uint64_t boot_rewrites_in_place_total = 0;
 };
 
 // CRC-32C (Castagnoli) of `data`.
@@ -57,7 +59,9 @@ uint32_t Crc32c(absl::string_view data);
 class Spool {
  public:
   // Opens (creating if needed) and locks `options.dir` for agent `agent_id`, and reads back the
-  // batches left there. Fails when the directory cannot be used or belongs to another agent.
+  // batches left there. Fails when the directory cannot be used or belongs to another agent; with
+  // ResourceExhausted when it is on a full disk and has no boot file yet (with one, a full disk
+  // only keeps new batches off the disk: Write fails and is counted).
   static absl::StatusOr<std::unique_ptr<Spool>> Open(const SpoolOptions& options,
                                                      const std::string& agent_id);
   ~Spool();
@@ -84,7 +88,7 @@ class Spool {
  private:
   Spool(const SpoolOptions& options, std::string agent_id, int lock_fd);
   absl::Status Load() ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status WriteBootFile(uint64_t reserved);
+  absl::Status WriteBootFile(uint64_t reserved) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string BatchPath(uint64_t seq, absl::string_view ext) const;
 
   const SpoolOptions options_;
@@ -96,6 +100,7 @@ class Spool {
 
   mutable absl::Mutex mu_;
   uint64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t boot_rewrites_in_place_ ABSL_GUARDED_BY(mu_) = 0;
   // seq -> file size of every batch on disk.
   std::map<uint64_t, uint64_t> files_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;

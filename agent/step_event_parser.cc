@@ -31,6 +31,8 @@ const char* RejectReasonName(RejectReason reason) {
       return "duplicate_field";
     case RejectReason::kNotOwner:
       return "not_owner";
+    case RejectReason::kTenantLimit:
+      return "tenant_limit";
   }
   return "unknown";
 }

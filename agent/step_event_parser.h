@@ -23,8 +23,11 @@ enum class RejectReason {
   kTooLarge,        // datagram over the size limit
   kDuplicateField,  // the same field twice, e.g. as "world_size" and "worldSize"
   kNotOwner,        // (job, rank) is bound to another live process (checked by the ingest server)
+  // The sending process or its user owns as many (job, rank) pairs as --max-ranks-per-process /
+  // --max-ranks-per-user allow (checked by the ingest server).
+  kTenantLimit,
 };
-inline constexpr int kRejectReasonCount = 8;
+inline constexpr int kRejectReasonCount = 9;
 
 // Stable snake_case name, e.g. "out_of_range".
 const char* RejectReasonName(RejectReason reason);

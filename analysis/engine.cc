@@ -66,6 +66,26 @@ class Engine::Impl {
     const RankInfo& r = job->ranks[rank];
     return r.present && r.node == node;
   }
+  std::optional<RankHolder> RankHolderOf(absl::string_view name, int rank) const {
+    const JobRecord* job = registry_.FindJob(name);
+    if (job == nullptr || rank < 0 || rank >= job->world_size) return std::nullopt;
+    const RankInfo& r = job->ranks[rank];
+    if (!r.present) return std::nullopt;
+    return RankHolder{r.node, r.last_seen_nanos, r.exited};
+  }
+  std::optional<JobHolding> JobHoldingOf(absl::string_view name) const {
+    const JobRecord* job = registry_.FindJob(name);
+    if (job == nullptr) return std::nullopt;
+    return JobHolding{job->world_size, job->present_ranks, job->present_ranks - job->exited_ranks,
+                      job->last_seen_nanos};
+  }
+  bool NodeHoldsRankOf(absl::string_view name, absl::string_view node) const {
+    const auto* ranks = registry_.RanksOn(std::string(node));
+    if (ranks == nullptr) return false;
+    const std::string job(name);
+    auto it = ranks->lower_bound({job, std::numeric_limits<int>::min()});
+    return it != ranks->end() && it->first == job;
+  }
   void RemoveNode(absl::string_view node);
   size_t JobCount() const { return registry_.jobs().size(); }
   std::optional<int> KnownRanks(absl::string_view name) const {
@@ -501,6 +521,15 @@ bool Engine::RankReportedFrom(absl::string_view job, int rank, absl::string_view
   return impl_->RankReportedFrom(job, rank, node);
 }
 size_t Engine::JobCount() const { return impl_->JobCount(); }
+std::optional<RankHolder> Engine::RankHolderOf(absl::string_view job, int rank) const {
+  return impl_->RankHolderOf(job, rank);
+}
+std::optional<JobHolding> Engine::JobHoldingOf(absl::string_view job) const {
+  return impl_->JobHoldingOf(job);
+}
+bool Engine::NodeHoldsRankOf(absl::string_view job, absl::string_view node) const {
+  return impl_->NodeHoldsRankOf(job, node);
+}
 std::optional<int> Engine::KnownRanks(absl::string_view job) const {
   return impl_->KnownRanks(job);
 }

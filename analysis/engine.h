@@ -202,6 +202,8 @@ struct Finding {
   int rank = -1;     // -1 when not about one rank
   std::string node;  // empty when not about one node
   int gpu = -1;      // -1 when not about one GPU
+  // `gpu` is only the rank's local rank: no GPU is known for it (a CPU-only job).
+  bool gpu_is_local_rank = false;
   int64_t since_step = 0;
   int64_t since_unix_nanos = 0;
   Severity severity = Severity::kWarning;
@@ -419,6 +421,27 @@ struct DetectorTiming {
   int64_t runs = 0;
 };
 
+// Who holds one rank, for the caller's admission of steps (RankHolderOf).
+struct RankHolder {
+  // The node its last step came from: a view of the engine's copy, valid until the engine changes.
+  absl::string_view node;
+  // That step's receipt time (as the caller passed it).
+  int64_t last_seen_unix_nanos = 0;
+  // The process that sent it exited (MarkRankExited, ReleaseRanksOn).
+  bool exited = false;
+};
+
+// One job as a whole, for the caller's admission of steps (JobHoldingOf).
+struct JobHolding {
+  int world_size = 0;
+  // Ranks that reported and are still known (KnownRanks), and those of them whose process has not
+  // exited.
+  int present_ranks = 0;
+  int running_ranks = 0;
+  // The latest receipt time of any of its steps.
+  int64_t last_seen_unix_nanos = 0;
+};
+
 class Engine {
  public:
   explicit Engine(EngineOptions options = {});
@@ -466,6 +489,13 @@ class Engine {
   void RemoveNode(absl::string_view node);
   // Whether `rank` of `job` is known and its last step came from `node`.
   bool RankReportedFrom(absl::string_view job, int rank, absl::string_view node) const;
+  // The holder of `rank` of `job`; nullopt for an unknown job, a rank outside its world, and a
+  // rank that has not reported (or was removed with its node, or lost when the job was reset).
+  std::optional<RankHolder> RankHolderOf(absl::string_view job, int rank) const;
+  // nullopt for an unknown job.
+  std::optional<JobHolding> JobHoldingOf(absl::string_view job) const;
+  // Whether some rank of `job` last reported from `node`.
+  bool NodeHoldsRankOf(absl::string_view job, absl::string_view node) const;
 
   // The registry is the one record of which jobs and ranks exist; callers that keep per-job state
   // beside it (the collector's memory charges and reports) ask it here.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string_view>
 
+#include "common/text.h"
+
 namespace stepwatch::collector {
 
 analysis::StepEvent ToStepSample(const v1::StepEvent& e, const std::string& node,
@@ -81,6 +83,73 @@ analysis::HostSample ToHostReading(const v1::HostSample& h, const std::string& n
 int64_t ExitedUnixNanos(const v1::RankExit& exit, int64_t default_unix_nanos) {
   return exit.exited_unix_nanos() > 0 ? exit.exited_unix_nanos() : default_unix_nanos;
 }
+
+namespace {
+
+// A problem with `value` of `field` against `max_bytes` (and control characters), or nullopt.
+std::optional<FieldProblem> CheckText(const char* field, absl::string_view value,
+                                      size_t max_bytes) {
+  if (value.size() > max_bytes) return FieldProblem{field, "too_long"};
+  if (FindControlCharacter(value) != absl::string_view::npos) {
+    return FieldProblem{field, "control_character"};
+  }
+  return std::nullopt;
+}
+
+// Per entry of a protobuf map of strings: its node and the pair beside the strings' heap.
+constexpr int64_t kMapEntryBytes = 96;
+
+}  // namespace
+
+std::optional<FieldProblem> CheckBatchIdentifiers(const v1::ReportBatch& b) {
+  if (auto p = CheckText("agent_id", b.agent_id(), kMaxNodeNameBytes)) return p;
+  if (auto p = CheckText("boot_id", b.boot_id(), kMaxBootIdBytes)) return p;
+  return CheckText("node", b.node().node(), kMaxNodeNameBytes);
+}
+
+std::optional<FieldProblem> CheckNodeInfo(const v1::NodeInfo& n) {
+  if (auto p = CheckText("hostname", n.hostname(), kMaxNodeNameBytes)) return p;
+  if (auto p = CheckText("agent_version", n.agent_version(), kMaxVersionBytes)) return p;
+  if (auto p = CheckText("driver_version", n.driver_version(), kMaxVersionBytes)) return p;
+  // An error message may span lines only in a hostile batch: control characters are refused too.
+  return CheckText("nvml_error", n.nvml_error(), kMaxNvmlErrorBytes);
+}
+
+std::optional<FieldProblem> CheckGpuSample(const v1::GpuSample& g) {
+  if (auto p = CheckText("gpu_uuid", g.uuid(), kMaxGpuTextBytes)) return p;
+  if (auto p = CheckText("gpu_name", g.name(), kMaxGpuTextBytes)) return p;
+  if (g.pids_size() > kMaxGpuPids) return FieldProblem{"gpu_pids", "too_long"};
+  if (g.unavailable_metrics_size() > kMaxUnavailableMetrics) {
+    return FieldProblem{"gpu_unavailable_metrics", "too_long"};
+  }
+  for (const auto& [metric, why] : g.unavailable_metrics()) {
+    if (auto p = CheckText("gpu_unavailable_metrics", metric, kMaxMetricTextBytes)) return p;
+    if (auto p = CheckText("gpu_unavailable_metrics", why, kMaxMetricTextBytes)) return p;
+  }
+  return std::nullopt;
+}
+
+std::optional<FieldProblem> CheckHostSample(const v1::HostSample& h) {
+  return CheckText("host_memory_bandwidth_source", h.memory_bandwidth_source(), kMaxHostTextBytes);
+}
+
+int64_t KeptBytes(const v1::NodeInfo& n) {
+  return StringHeapBytes(n.node()) + StringHeapBytes(n.hostname()) +
+         StringHeapBytes(n.agent_version()) + StringHeapBytes(n.driver_version()) +
+         StringHeapBytes(n.nvml_error());
+}
+
+int64_t KeptBytes(const v1::GpuSample& g) {
+  int64_t bytes = StringHeapBytes(g.uuid()) + StringHeapBytes(g.name());
+  // pids: the view's repeated field and the engine's reading.
+  bytes += 2 * static_cast<int64_t>(sizeof(uint32_t)) * g.pids_size();
+  for (const auto& [metric, why] : g.unavailable_metrics()) {
+    bytes += kMapEntryBytes + StringHeapBytes(metric) + StringHeapBytes(why);
+  }
+  return bytes;
+}
+
+int64_t KeptBytes(const v1::HostSample& h) { return StringHeapBytes(h.memory_bandwidth_source()); }
 
 namespace {
 

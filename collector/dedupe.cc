@@ -4,17 +4,25 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
+#include "common/log.h"
 
 namespace stepwatch::collector {
 namespace {
 
-constexpr absl::string_view kMagic = "SWDEDUP1";
+constexpr absl::string_view kMagicV1 = "SWDEDUP1";
+constexpr absl::string_view kMagic = "SWDEDUP2";
+// Starts every record of the current format: after a damaged record, reading resumes at the next
+// marker whose record checks out.
+constexpr absl::string_view kRecordMarker = "\xf5\x3d\x9a\x6c";
+// Marker, u32 payload length, u32 CRC-32C of the length and the payload.
+constexpr size_t kRecordHeaderBytes = 12;
 // agent_id and node names are at most 256 bytes; a boot_id is a UUID. Commit refuses ids longer
 // than kMaxIdBytes, so a longer record is damage.
 constexpr size_t kMaxIdBytes = 1024;
@@ -31,12 +39,35 @@ uint64_t GetLe(const char* p, int bytes) {
   return v;
 }
 
-// FNV-1a: enough to tell a torn or damaged record from a whole one.
-uint32_t Checksum(absl::string_view data) {
+// FNV-1a: the first format's checksum.
+uint32_t ChecksumV1(absl::string_view data) {
   uint32_t h = 2166136261u;
   for (unsigned char c : data) h = (h ^ c) * 16777619u;
   return h;
 }
+
+// Reflected CRC-32C (polynomial 0x82F63B78), one table lookup per byte.
+constexpr std::array<uint32_t, 256> MakeCrc32cTable() {
+  std::array<uint32_t, 256> table{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    table[i] = c;
+  }
+  return table;
+}
+constexpr std::array<uint32_t, 256> kCrc32cTable = MakeCrc32cTable();
+
+// The running (pre-inverted) CRC-32C state after `data`.
+uint32_t ExtendCrc32c(uint32_t c, absl::string_view data) {
+  for (unsigned char b : data) c = kCrc32cTable[(c ^ b) & 0xff] ^ (c >> 8);
+  return c;
+}
+
+// Record starts tried inside damaged stretches before the rest of the file is given up on: each
+// costs a CRC of up to kMaxRecordBytes, so a file of nothing but markers still reads in bounded
+// time (65,536 x 4 KiB).
+constexpr uint64_t kMaxDamagedCandidates = 65536;
 
 absl::Status ErrnoStatus(absl::string_view what, const std::string& path) {
   return absl::UnavailableError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
@@ -70,13 +101,83 @@ bool DecodePayload(absl::string_view p, DedupeJournal::Record* r) {
   return true;
 }
 
+// The first format: records of u32 length, u32 FNV-1a, payload; reading stops at the first
+// damaged one (nothing marks where the next record starts).
+void ReadV1(absl::string_view rest, std::vector<DedupeJournal::Record>* records,
+            DedupeJournal::ReadStats* stats) {
+  while (!rest.empty()) {
+    DedupeJournal::Record r;
+    const size_t len = rest.size() >= 8 ? GetLe(rest.data(), 4) : kMaxRecordBytes + 1;
+    if (len > kMaxRecordBytes || rest.size() < 8 + len ||
+        GetLe(rest.data() + 4, 4) != ChecksumV1(rest.substr(8, len)) ||
+        !DecodePayload(rest.substr(8, len), &r)) {
+      stats->torn = true;
+      ++stats->damaged_records;
+      stats->damaged_bytes += rest.size();
+      return;
+    }
+    records->push_back(std::move(r));
+    rest.remove_prefix(8 + len);
+  }
+}
+
+// One record of the current format at the start of `rest`; its size, or 0 when it is damaged.
+size_t DecodeV2(absl::string_view rest, DedupeJournal::Record* r) {
+  if (rest.size() < kRecordHeaderBytes || rest.substr(0, kRecordMarker.size()) != kRecordMarker) {
+    return 0;
+  }
+  const size_t len = GetLe(rest.data() + 4, 4);
+  if (len > kMaxRecordBytes || rest.size() < kRecordHeaderBytes + len) return 0;
+  const uint32_t crc = ExtendCrc32c(ExtendCrc32c(0xffffffffu, rest.substr(4, 4)),
+                                    rest.substr(kRecordHeaderBytes, len));
+  if (GetLe(rest.data() + 8, 4) != (crc ^ 0xffffffffu)) return 0;
+  if (!DecodePayload(rest.substr(kRecordHeaderBytes, len), r)) return 0;
+  return kRecordHeaderBytes + len;
+}
+
+// The current format: a damaged stretch ends at the next marker that starts a valid record.
+void ReadV2(absl::string_view rest, std::vector<DedupeJournal::Record>* records,
+            DedupeJournal::ReadStats* stats) {
+  size_t pos = 0;
+  bool damaged = false;  // inside a damaged stretch
+  uint64_t candidates = 0;
+  while (pos < rest.size()) {
+    DedupeJournal::Record r;
+    if (const size_t n = DecodeV2(rest.substr(pos), &r); n > 0) {
+      records->push_back(std::move(r));
+      pos += n;
+      damaged = false;
+      continue;
+    }
+    // A new stretch, or one more record start (a marker) inside the one we are in.
+    if (!damaged || rest.substr(pos, kRecordMarker.size()) == kRecordMarker) {
+      ++stats->damaged_records;
+    }
+    damaged = true;
+    if (++candidates > kMaxDamagedCandidates) {
+      stats->damaged_bytes += rest.size() - pos;
+      break;
+    }
+    const size_t next = rest.find(kRecordMarker, pos + 1);
+    const size_t end = next == absl::string_view::npos ? rest.size() : next;
+    stats->damaged_bytes += end - pos;
+    pos = end;
+  }
+  stats->torn = damaged;
+}
+
 }  // namespace
+
+uint32_t DedupeJournal::Crc32c(absl::string_view data) {
+  return ExtendCrc32c(0xffffffffu, data) ^ 0xffffffffu;
+}
 
 DedupeJournal::~DedupeJournal() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::string DedupeJournal::Encode(const Record& r) {
+namespace {
+std::string Payload(const DedupeJournal::Record& r) {
   std::string payload;
   PutLe(&payload, r.agent_id.size(), 2);
   payload.append(r.agent_id);
@@ -84,36 +185,54 @@ std::string DedupeJournal::Encode(const Record& r) {
   payload.append(r.boot_id);
   PutLe(&payload, r.seq, 8);
   PutLe(&payload, r.base_seq, 8);
-  std::string out;
-  PutLe(&out, payload.size(), 4);
-  PutLe(&out, Checksum(payload), 4);
+  return payload;
+}
+}  // namespace
+
+std::string DedupeJournal::Encode(const Record& r) {
+  const std::string payload = Payload(r);
+  std::string len;
+  PutLe(&len, payload.size(), 4);
+  std::string out(kRecordMarker);
+  out.append(len);
+  PutLe(&out, Crc32c(absl::StrCat(len, payload)), 4);
   out.append(payload);
   return out;
 }
 
-absl::StatusOr<std::vector<DedupeJournal::Record>> DedupeJournal::Read(bool* torn) const {
-  *torn = false;
+std::string DedupeJournal::EncodeV1(const Record& r) {
+  const std::string payload = Payload(r);
+  std::string out;
+  PutLe(&out, payload.size(), 4);
+  PutLe(&out, ChecksumV1(payload), 4);
+  out.append(payload);
+  return out;
+}
+
+absl::StatusOr<std::vector<DedupeJournal::Record>> DedupeJournal::Read(ReadStats* stats) const {
+  *stats = ReadStats();
   std::vector<Record> records;
   absl::StatusOr<std::string> data = ReadFile(path_, kMaxJournalBytes);
   if (absl::IsNotFound(data.status())) return records;
   if (!data.ok()) return data.status();
-  absl::string_view rest = *data;
-  if (rest.substr(0, kMagic.size()) != kMagic) {
-    *torn = !rest.empty();
-    return records;
-  }
-  rest.remove_prefix(kMagic.size());
-  while (!rest.empty()) {
-    Record r;
-    const size_t len = rest.size() >= 8 ? GetLe(rest.data(), 4) : kMaxRecordBytes + 1;
-    if (len > kMaxRecordBytes || rest.size() < 8 + len ||
-        GetLe(rest.data() + 4, 4) != Checksum(rest.substr(8, len)) ||
-        !DecodePayload(rest.substr(8, len), &r)) {
-      *torn = true;
-      break;
+  if (data->empty()) return records;
+  const absl::string_view header = absl::string_view(*data).substr(0, kMagic.size());
+  const absl::string_view rest = absl::string_view(*data).substr(header.size());
+  if (header == kMagic) {
+    stats->version = 2;
+    ReadV2(rest, &records, stats);
+  } else if (header == kMagicV1) {
+    stats->version = 1;
+    ReadV1(rest, &records, stats);
+  } else {
+    // A damaged header: the records after it may still be whole, in either format.
+    stats->header_damaged = true;
+    ReadV2(rest, &records, stats);
+    if (records.empty()) {
+      *stats = ReadStats();
+      stats->header_damaged = true;
+      ReadV1(rest, &records, stats);
     }
-    records.push_back(std::move(r));
-    rest.remove_prefix(8 + len);
   }
   return records;
 }
@@ -222,9 +341,10 @@ BatchDeduper::Result BatchDeduper::Observe(absl::string_view agent_id, absl::str
 absl::Status BatchDeduper::OpenJournal() {
   if (options_.journal_path.empty() || journal_) return absl::OkStatus();
   auto journal = std::make_unique<DedupeJournal>(options_.journal_path);
-  bool torn = false;
-  absl::StatusOr<std::vector<DedupeJournal::Record>> records = journal->Read(&torn);
+  DedupeJournal::ReadStats stats;
+  absl::StatusOr<std::vector<DedupeJournal::Record>> records = journal->Read(&stats);
   if (!records.ok()) return records.status();
+  journal_damaged_records_ = stats.damaged_records;
   for (const DedupeJournal::Record& r : *records) Observe(r.agent_id, r.boot_id, r.seq, r.base_seq);
   // Compacted at once: this also cuts a torn tail, so that appends follow a whole record.
   std::vector<DedupeJournal::Record> snapshot = Snapshot();
@@ -232,9 +352,18 @@ absl::Status BatchDeduper::OpenJournal() {
   journal_ = std::move(journal);
   journal_records_ = 0;
   snapshot_records_ = snapshot.size();
-  if (torn) {
-    return absl::DataLossError(absl::StrCat("damaged tail of ", options_.journal_path, " ignored (",
-                                            records->size(), " records read)"));
+  if (stats.damaged_records > 0 || stats.header_damaged) {
+    // The batches of the damaged records are applied again if their agents resend them.
+    return absl::DataLossError(absl::StrCat(
+        options_.journal_path, ": ", stats.damaged_records, " damaged records (",
+        stats.damaged_bytes, " bytes) skipped",
+        stats.torn ? ", the last at the end of the file" : "",
+        stats.header_damaged ? ", damaged header" : "", "; ", records->size(), " records read",
+        stats.version == 1 ? " (first format, rewritten in the current one)" : ""));
+  }
+  if (stats.version == 1) {
+    SW_LOG_INFO << options_.journal_path << ": " << records->size()
+                << " records of the first format read and rewritten in the current one";
   }
   return absl::OkStatus();
 }

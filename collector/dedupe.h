@@ -44,8 +44,12 @@ struct DeduperOptions {
   size_t compact_after_records = 65536;
 };
 
-// The journal file: a magic header, then records of one Observe each (agent_id, boot_id, seq,
-// base_seq), each with its length and checksum so that a torn tail is recognised and cut.
+// The journal file: a magic header ("SWDEDUP2"), then records of one Observe each (agent_id,
+// boot_id, seq, base_seq), each framed by a record marker, its length and a CRC-32C of length and
+// payload. A damaged record is skipped and reading resumes at the next marker that starts a valid
+// record, so damage costs only the records it touches; a damaged tail (a power loss mid-append) is
+// cut. Files of the first format ("SWDEDUP1": length and checksum, no marker) are still read, up
+// to their first damaged record, and rewritten in the current one.
 class DedupeJournal {
  public:
   struct Record {
@@ -54,15 +58,24 @@ class DedupeJournal {
     uint64_t seq = 0;
     uint64_t base_seq = 0;
   };
+  // What Read found besides the records.
+  struct ReadStats {
+    int version = 0;  // 1 or 2; 0 when the file is missing, empty or its header is unknown
+    bool header_damaged = false;
+    // The file ends in a damaged record (also counted in damaged_records).
+    bool torn = false;
+    // Records (or damaged stretches that held at least one) skipped, and their bytes.
+    uint64_t damaged_records = 0;
+    uint64_t damaged_bytes = 0;
+  };
 
   explicit DedupeJournal(std::string path) : path_(std::move(path)) {}
   ~DedupeJournal();
   DedupeJournal(const DedupeJournal&) = delete;
   DedupeJournal& operator=(const DedupeJournal&) = delete;
 
-  // The valid records of the file (none when it does not exist); `*torn` is set when a damaged
-  // tail was ignored.
-  absl::StatusOr<std::vector<Record>> Read(bool* torn) const;
+  // The valid records of the file (none when it does not exist), and what was damaged.
+  absl::StatusOr<std::vector<Record>> Read(ReadStats* stats) const;
   // Replaces the file by these records (temporary file, fdatasync, rename, directory fsync) and
   // keeps it open for Append.
   absl::Status Rewrite(const std::vector<Record>& records);
@@ -78,6 +91,10 @@ class DedupeJournal {
   uint64_t bytes() const { return bytes_; }
 
   static std::string Encode(const Record& record);
+  // A record of the first format (for tests of upgrades).
+  static std::string EncodeV1(const Record& record);
+  // CRC-32C (Castagnoli) of `data`.
+  static uint32_t Crc32c(absl::string_view data);
 
  private:
   std::string path_;
@@ -135,6 +152,8 @@ class BatchDeduper {
   uint64_t journal_bytes() const { return journal_ ? journal_->bytes() : 0; }
   // Commits that failed to reach the journal.
   uint64_t journal_errors() const { return journal_errors_; }
+  // Damaged records skipped when the journal was opened.
+  uint64_t journal_damaged_records() const { return journal_damaged_records_; }
 
  private:
   using Key = std::pair<std::string, std::string>;
@@ -155,6 +174,7 @@ class BatchDeduper {
   size_t journal_records_ = 0;   // appended since the last rewrite
   size_t snapshot_records_ = 0;  // written by the last rewrite
   uint64_t journal_errors_ = 0;
+  uint64_t journal_damaged_records_ = 0;
 };
 
 }  // namespace stepwatch::collector

@@ -1,5 +1,6 @@
 // stepwatch-collector: receives ReportBatches from agents, runs the diagnosis engine, serves the
 // Query service for stepwatchctl and /metrics for Prometheus.
+#include <malloc.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -35,12 +36,14 @@ ABSL_FLAG(std::string, tls_cert, "",
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert.");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: every client (agent, stepwatchctl) must present a certificate signed "
-          "by it, and an agent's batches must claim the node its certificate names (first DNS "
-          "name, else common name).");
+          "by it, and (with --verify-node-identity) an agent's batches must claim the node its "
+          "certificate names (first DNS name, else common name).");
 ABSL_FLAG(bool, verify_node_identity, true,
           "With --tls-client-ca, refuse batches whose node is not the agent certificate's "
-          "identity. Turn off only where agents share one certificate (then any agent may "
-          "report for any node).");
+          "identity, and agent certificates that name no node (no DNS name, no common name; "
+          "stepwatch_collector_requests_refused_total{reason=\"no_identity\"}). Turn off only "
+          "where agents share one certificate: then any holder of a valid client certificate "
+          "may report for any node (warned at start).");
 ABSL_FLAG(double, tls_reload_interval, 10,
           "Seconds between checks of the TLS files for changes (certificate rotation).");
 ABSL_FLAG(std::string, metrics_basic_auth_file, "",
@@ -67,6 +70,10 @@ ABSL_FLAG(double, expire, 300,
 ABSL_FLAG(double, report_retention, 604800,
           "Seconds a finished job's report (stepwatchctl report) is kept after the job ends; "
           "with --state-dir the reports are files under DIR/reports and survive restarts.");
+ABSL_FLAG(double, running_report_save_interval, 10,
+          "Seconds between writes of running jobs' reports under --state-dir (DIR/reports/running; "
+          "also at shutdown), so that a restarted collector continues them, the stretch it missed "
+          "marked as a gap. 0: only at shutdown.");
 ABSL_FLAG(int32_t, max_reports, 1000,
           "Most finished job reports kept; the oldest are dropped first.");
 ABSL_FLAG(int32_t, max_report_findings, 1000,
@@ -82,21 +89,32 @@ ABSL_FLAG(int32_t, max_nodes, 20000,
           "(stepwatch_collector_limit_hits_total{limit=\"nodes\"}), the first refusal logged as "
           "a warning.");
 ABSL_FLAG(int32_t, max_gpus_per_node, 64, "Most GPUs tracked per node.");
+ABSL_FLAG(int32_t, max_jobs_per_node, 64,
+          "Most of the tracked jobs one node may have opened (sent their first step), so that one "
+          "node inventing job ids cannot take every --max-jobs slot: its further new jobs are "
+          "refused and counted (stepwatch_collector_limit_hits_total{limit=\"jobs_per_node\"}, "
+          "stepwatch_collector_node_refusals_total{node,reason=\"jobs_per_node\"}) while other "
+          "nodes' new jobs are admitted. 0: no per-node cap.");
 ABSL_FLAG(int32_t, max_memory_mib, -1,
           "Memory budget in MiB for the jobs, ranks, nodes and GPUs tracked, each charged its "
           "measured worst-case cost when first seen (a rank about 10 KiB at the default windows, "
           "a GPU 1.5 KiB). Beyond it, new ones are refused and counted "
           "(stepwatch_collector_limit_hits_total{limit=\"memory\"}); what is tracked keeps "
-          "being analysed. -1: half of the cgroup memory limit or of MemTotal, whichever is "
-          "smaller, clamped to [256, 16384]; 0: no budget.");
+          "being analysed. It bounds this tracked state only, not gRPC's buffers "
+          "(--grpc-memory-mib) nor batches in flight; measured peaks: docs/reliability.md. -1: "
+          "half of the cgroup memory limit or of MemTotal, whichever is smaller, clamped to "
+          "[256, 16384]; 0: no budget.");
 ABSL_FLAG(int32_t, max_receive_message_mib, 8,
           "Largest gRPC message (report batch or request) accepted, MiB; an agent's largest "
           "batch is about 6.2 MB.");
 ABSL_FLAG(int32_t, max_concurrent_streams, 16,
           "Most concurrent gRPC streams per connection (an agent holds one).");
 ABSL_FLAG(int32_t, grpc_memory_mib, 64,
-          "Memory gRPC may use for its transport buffers across all connections, MiB (a "
-          "resource quota); decoded batches are not counted in it.");
+          "gRPC's resource quota, MiB: the transport buffers gRPC reads into and writes from, "
+          "across all connections. Not counted in it: decoded batches (at most "
+          "--max-receive-message-mib each, --max-concurrent-streams per connection) and header "
+          "fields being decoded (a call's header list is capped at 16 KiB, but gRPC 1.51 "
+          "buffers one oversized field whole: docs/security.md, \"Header floods\").");
 ABSL_FLAG(int32_t, max_series, 100000,
           "Most series on /metrics in all (0: no cap), the collector's own aside; filled in "
           "order of importance (findings, flagged ranks, jobs, per-rank series, node up, GPU "
@@ -252,6 +270,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (!(absl::GetFlag(FLAGS_running_report_save_interval) >= 0)) {
+    SW_LOG_ERROR << "--running-report-save-interval must be 0 or a positive number of seconds";
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_shutdown_grace) < 0 || absl::GetFlag(FLAGS_max_finding_series) < 0 ||
       absl::GetFlag(FLAGS_top_ranks) < 0 || absl::GetFlag(FLAGS_max_rank_series) < 0) {
     SW_LOG_ERROR << "--shutdown_grace, --max_finding_series, --top_ranks and --max_rank_series "
@@ -283,6 +305,11 @@ int main(int argc, char** argv) {
   st.engine.max_ranks_per_job = absl::GetFlag(FLAGS_max_ranks_per_job);
   st.max_nodes = absl::GetFlag(FLAGS_max_nodes);
   st.max_gpus_per_node = absl::GetFlag(FLAGS_max_gpus_per_node);
+  st.max_jobs_per_node = absl::GetFlag(FLAGS_max_jobs_per_node);
+  if (st.max_jobs_per_node < 0) {
+    SW_LOG_ERROR << "--max_jobs_per_node must not be negative, got " << st.max_jobs_per_node;
+    return 2;
+  }
   st.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_mib) < 0
                             ? stepwatch::collector::DefaultMemoryBudgetBytes()
                             : int64_t{absl::GetFlag(FLAGS_max_memory_mib)} << 20;
@@ -296,6 +323,8 @@ int main(int argc, char** argv) {
   }
   st.reports.retention_nanos = SecondsToNanos(absl::GetFlag(FLAGS_report_retention));
   st.reports.max_reports = absl::GetFlag(FLAGS_max_reports);
+  st.reports.running_save_interval_nanos =
+      SecondsToNanos(std::max(0.0, absl::GetFlag(FLAGS_running_report_save_interval)));
   st.reports.max_findings_per_report = absl::GetFlag(FLAGS_max_report_findings);
   st.max_rank_series = absl::GetFlag(FLAGS_max_rank_series);
   st.engine.window_steps = absl::GetFlag(FLAGS_window_steps);
@@ -318,6 +347,10 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // Buffers of 1 MiB and more (a flood's header buffers, big batches) come from mmap and go back
+  // to the system when freed; a fixed threshold stops glibc from raising it after such a free.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  mallopt(M_TRIM_THRESHOLD, 8 << 20);
 
   stepwatch::RealClock clock;
   auto server = stepwatch::collector::CollectorServer::Start(options, &clock);

@@ -331,8 +331,10 @@ void AddCollectorHealth(const StateSnapshot& s, const SeriesDrops& dropped, Buil
              c.duplicate_batches);
   b->Counter("stepwatch_collector_steps_received_total", "Step events received.", {},
              c.steps_received);
-  const char* kStepsRejected = "Step events dropped, by reason: invalid, limit.";
-  for (const char* reason : {"invalid", "limit"}) {
+  const char* kStepsRejected =
+      "Step events dropped, by reason: invalid, limit, foreign (a rank or job another node "
+      "holds).";
+  for (const char* reason : {"invalid", "limit", "foreign"}) {
     auto it = c.steps_rejected.find(reason);
     b->Counter("stepwatch_collector_steps_rejected_total", kStepsRejected, {{"reason", reason}},
                it == c.steps_rejected.end() ? 0 : it->second);
@@ -345,10 +347,26 @@ void AddCollectorHealth(const StateSnapshot& s, const SeriesDrops& dropped, Buil
              "Malformed batches and failed ingest streams.", {}, c.ingest_errors);
   b->Counter("stepwatch_collector_state_save_errors_total", "Failures to write the state file.", {},
              c.state_save_errors);
+  b->Counter("stepwatch_collector_report_save_errors_total",
+             "Failed writes (and deletions) of job reports under --state-dir; unsaved reports "
+             "stay in memory and are retried.",
+             {}, s.report_save_errors);
+  b->Gauge("stepwatch_collector_reports_unsaved",
+           "Finished job reports not yet written under --state-dir (kept in memory, retried).", {},
+           s.reports_unsaved);
+  b->Gauge("stepwatch_collector_reports_unsaved_bytes",
+           "Bytes of the unsaved job reports, charged against --max-memory-mib.", {},
+           static_cast<double>(s.reports_unsaved_bytes));
+  b->Counter("stepwatch_collector_journal_damaged_records_total",
+             "Damaged records of DIR/dedupe.journal skipped at start: their batches are applied "
+             "again if resent.",
+             {}, c.journal_records_damaged);
   const char* kLimitHits =
-      "Data dropped because a limit was reached: jobs, ranks_per_job, nodes, gpus_per_node, "
-      "memory (new jobs, ranks, nodes and GPUs beyond --max-memory-mib).";
-  for (const char* limit : {"jobs", "ranks_per_job", "nodes", "gpus_per_node", "memory"}) {
+      "Data dropped because a limit was reached: jobs, jobs_per_node (new jobs of a node that "
+      "opened --max-jobs-per-node), ranks_per_job, nodes, gpus_per_node, memory (new jobs, "
+      "ranks, nodes and GPUs beyond --max-memory-mib).";
+  for (const char* limit :
+       {"jobs", "jobs_per_node", "ranks_per_job", "nodes", "gpus_per_node", "memory"}) {
     auto it = c.limit_hits.find(limit);
     b->Counter("stepwatch_collector_limit_hits_total", kLimitHits, {{"limit", limit}},
                it == c.limit_hits.end() ? 0 : it->second);
@@ -361,14 +379,49 @@ void AddCollectorHealth(const StateSnapshot& s, const SeriesDrops& dropped, Buil
   }
   const char* kRefused =
       "Calls and batches refused: unauthenticated, permission_denied (a token of another role), "
-      "node_mismatch (a batch for another node than its certificate), rank_exit_foreign (the "
-      "exit of a rank its node never reported).";
-  for (const char* reason :
-       {"unauthenticated", "permission_denied", "node_mismatch", "rank_exit_foreign"}) {
+      "node_mismatch (a batch for another node than its certificate), no_identity (a client "
+      "certificate naming no node), rank_foreign (a step of a rank another node holds), "
+      "job_foreign (a step rescaling a job whose ranks run on other nodes), rank_exit_foreign "
+      "(the exit of a rank its node does not hold), jobs_per_node (see limit_hits).";
+  for (const char* reason : {"unauthenticated", "permission_denied", "node_mismatch", "no_identity",
+                             "rank_foreign", "job_foreign", "rank_exit_foreign", "jobs_per_node"}) {
     auto it = c.refused.find(reason);
     b->Counter("stepwatch_collector_requests_refused_total", kRefused, {{"reason", reason}},
                it == c.refused.end() ? 0 : it->second);
   }
+  const char* kNodeRefusals =
+      "Refusals caused by one node, by node and reason: rank_foreign, job_foreign, "
+      "rank_exit_foreign, jobs_per_node. At most 64 nodes are named, the rest are node=\"_other\".";
+  for (const auto& [key, n] : c.node_refusals) {
+    b->Counter("stepwatch_collector_node_refusals_total", kNodeRefusals,
+               {{"node", key.first}, {"reason", key.second}}, static_cast<double>(n));
+  }
+  const char* kMalformed =
+      "Ingest batches refused before any of them was applied (the stream ends with "
+      "INVALID_ARGUMENT), by reason: unparsable (not a ReportBatch protobuf), missing_field (no "
+      "agent_id, boot_id or seq), bad_field (agent_id, boot_id or node over its bound or with "
+      "control characters).";
+  for (const char* reason : {"unparsable", "missing_field", "bad_field"}) {
+    auto it = c.malformed.find(reason);
+    b->Counter("stepwatch_collector_malformed_batches_total", kMalformed, {{"reason", reason}},
+               it == c.malformed.end() ? 0 : it->second);
+  }
+  const char* kFieldsRefused =
+      "Fields of ingest batches over their bound or with control characters, by field and "
+      "reason (too_long, control_character): agent_id, boot_id and node cost their batch, the "
+      "others the item holding them (node description, GPU sample, host sample).";
+  for (const char* field : kCheckedFields) {
+    for (const char* reason : kFieldProblemReasons) {
+      auto it = c.fields_refused.find({field, reason});
+      b->Counter("stepwatch_collector_fields_refused_total", kFieldsRefused,
+                 {{"field", field}, {"reason", reason}},
+                 it == c.fields_refused.end() ? 0 : it->second);
+    }
+  }
+  b->Counter("stepwatch_collector_rank_takeovers_total",
+             "Ranks that another node took over after their node went silent for --expire or "
+             "their process exited.",
+             {}, c.rank_takeovers);
   const char* kSeriesDropped =
       "Series left out of /metrics by a cap, summed over scrapes, by family: rank (per-rank "
       "series, --max-rank-series or --max-series), finding (stepwatch_finding, "

@@ -21,6 +21,9 @@ constexpr absl::string_view kSuffix = ".json";
 // Room for the suffix and the atomic write's ".tmp.PID" within a 255-byte file name.
 constexpr size_t kMaxStemBytes = 200;
 constexpr size_t kMaxFileBytes = 64 << 20;
+// Running reports live in DIR/running, apart from the finished ones.
+constexpr absl::string_view kRunningDir = "running";
+constexpr int kMaxGaps = 64;
 
 uint64_t Fnv1a64(absl::string_view s) {
   uint64_t h = 14695981039346656037ull;
@@ -75,23 +78,25 @@ std::string ReportStore::PathOf(absl::string_view job) const {
   return absl::StrCat(options_.dir, "/", FileName(job));
 }
 
-absl::Status ReportStore::Load(int64_t now) {
-  if (options_.dir.empty()) return absl::OkStatus();
-  std::error_code ec;
-  std::filesystem::create_directories(options_.dir, ec);
-  if (ec)
-    return absl::UnavailableError(absl::StrCat("cannot create ", options_.dir, ": ", ec.message()));
-  std::filesystem::directory_iterator it(options_.dir, ec);
-  if (ec)
-    return absl::UnavailableError(absl::StrCat("cannot list ", options_.dir, ": ", ec.message()));
+std::string ReportStore::RunningPathOf(absl::string_view job) const {
+  return absl::StrCat(options_.dir, "/", kRunningDir, "/", FileName(job));
+}
+
+namespace {
+
+// The reports in `dir` (files named after their job), each parsed; unreadable ones are logged
+// and skipped.
+std::vector<v1::JobReport> ReadReports(const std::string& dir, std::error_code* ec) {
+  std::vector<v1::JobReport> out;
+  std::filesystem::directory_iterator it(dir, *ec);
+  if (*ec) return out;
   google::protobuf::util::JsonParseOptions parse;
   parse.ignore_unknown_fields = true;
-  int loaded = 0;
-  absl::MutexLock lock(&mu_);
-  for (; it != std::filesystem::directory_iterator(); it.increment(ec)) {
+  for (; it != std::filesystem::directory_iterator(); it.increment(*ec)) {
     const std::filesystem::path& path = it->path();
     const std::string name = path.filename().string();
-    if (!absl::EndsWith(name, kSuffix) || !it->is_regular_file(ec)) continue;
+    std::error_code type_ec;
+    if (!absl::EndsWith(name, kSuffix) || !it->is_regular_file(type_ec)) continue;
     absl::StatusOr<std::string> data = ReadFile(path.string(), kMaxFileBytes);
     if (!data.ok()) {
       SW_LOG_WARNING << "skipping report " << path.string() << ": " << data.status();
@@ -99,21 +104,43 @@ absl::Status ReportStore::Load(int64_t now) {
     }
     v1::JobReport report;
     auto parsed = google::protobuf::util::JsonStringToMessage(*data, &report, parse);
-    if (!parsed.ok() || report.job().empty() || FileName(report.job()) != name) {
+    if (!parsed.ok() || report.job().empty() || ReportStore::FileName(report.job()) != name) {
       SW_LOG_WARNING << "skipping report " << path.string() << ": "
                      << (parsed.ok() ? "not the report of a job of that name"
                                      : std::string(parsed.message()));
       continue;
     }
+    report.set_unsaved(false);
+    out.push_back(std::move(report));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status ReportStore::Load(int64_t now) {
+  if (options_.dir.empty()) return absl::OkStatus();
+  std::error_code ec;
+  std::filesystem::create_directories(options_.dir, ec);
+  if (ec)
+    return absl::UnavailableError(absl::StrCat("cannot create ", options_.dir, ": ", ec.message()));
+  if (std::filesystem::directory_iterator probe(options_.dir, ec); ec) {
+    return absl::UnavailableError(absl::StrCat("cannot list ", options_.dir, ": ", ec.message()));
+  }
+  std::vector<v1::JobReport> reports = ReadReports(options_.dir, &ec);
+  if (ec) SW_LOG_WARNING << "listing " << options_.dir << " stopped early: " << ec.message();
+  int loaded = 0;
+  absl::MutexLock lock(&mu_);
+  for (v1::JobReport& report : reports) {
     report.set_state("finished");
     if (report.end_unix_nanos() < now - options_.retention_nanos) {
       to_delete_.insert(report.job());
       continue;
     }
-    finished_[report.job()] = std::move(report);
+    const std::string job = report.job();
+    finished_[job] = std::move(report);
     ++loaded;
   }
-  if (ec) SW_LOG_WARNING << "listing " << options_.dir << " stopped early: " << ec.message();
   // Bound the number too (a smaller --max-reports than before).
   while (static_cast<int>(finished_.size()) > options_.max_reports) {
     auto oldest =
@@ -123,7 +150,59 @@ absl::Status ReportStore::Load(int64_t now) {
     DropFinished(std::string(oldest->first));
   }
   SW_LOG_INFO << "loaded " << loaded << " job reports from " << options_.dir;
+  LoadRunning(now);
   return absl::OkStatus();
+}
+
+void ReportStore::LoadRunning(int64_t now) {
+  const std::string dir = absl::StrCat(options_.dir, "/", kRunningDir);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    SW_LOG_WARNING << "cannot create " << dir << ": " << ec.message()
+                   << "; running jobs' reports will not survive a restart";
+    return;
+  }
+  std::vector<v1::JobReport> reports = ReadReports(dir, &ec);
+  if (ec) SW_LOG_WARNING << "listing " << dir << " stopped early: " << ec.message();
+  int recovered = 0;
+  for (v1::JobReport& report : reports) {
+    const std::string job = report.job();
+    // Finished since (its finished report was written, the running one not yet deleted).
+    if (auto f = finished_.find(job);
+        f != finished_.end() && f->second.end_unix_nanos() >= report.updated_unix_nanos()) {
+      running_to_delete_.insert(job);
+      continue;
+    }
+    Tracked t;
+    t.recovered = true;
+    t.recovered_at = now;
+    t.saved_updated = report.updated_unix_nanos();
+    report.set_state("running");
+    // What was active when it was saved is known to have lasted until then, no further: a
+    // finding still there is found again as a new entry.
+    for (v1::Finding& f : *report.mutable_findings()) {
+      if (f.until_step() >= 0) continue;
+      f.set_until_step(report.last_step());
+      f.set_until_unix_nanos(report.updated_unix_nanos());
+    }
+    // The oldest gaps go first: room for this one.
+    if (report.gaps_size() >= kMaxGaps) {
+      report.mutable_gaps()->DeleteSubrange(0, report.gaps_size() - kMaxGaps + 1);
+    }
+    v1::ReportGap* gap = report.add_gaps();
+    gap->set_after_step(report.last_step());
+    gap->set_before_step(-1);
+    gap->set_from_unix_nanos(report.updated_unix_nanos());
+    gap->set_cause("collector_restart");
+    t.report = std::move(report);
+    running_[job] = std::move(t);
+    ++recovered;
+  }
+  if (recovered > 0) {
+    SW_LOG_INFO << "continuing the reports of " << recovered << " running jobs from " << dir
+                << " (what they did while the collector was down is marked as a gap)";
+  }
 }
 
 void ReportStore::Observe(const analysis::JobSnapshot& job,
@@ -138,8 +217,17 @@ void ReportStore::Observe(const analysis::JobSnapshot& job,
     r.set_state("running");
     r.set_first_step(-1);
     r.set_last_step(-1);
+    running_to_delete_.erase(job.job);
   }
-  Update(&it->second, job, active, span, now);
+  Tracked& t = it->second;
+  if (t.recovered) {
+    // Seen again after a restart: the gap closes at the first step this process saw.
+    t.recovered = false;
+    v1::ReportGap* gap = t.report.mutable_gaps(t.report.gaps_size() - 1);
+    gap->set_before_step(span.first_step >= 0 ? span.first_step : job.last_step);
+    gap->set_to_unix_nanos(now);
+  }
+  Update(&t, job, active, span, now);
 }
 
 void ReportStore::Finish(const analysis::JobSnapshot& job,
@@ -156,12 +244,13 @@ void ReportStore::Finish(const analysis::JobSnapshot& job,
   t.report.set_updated_unix_nanos(now);
   v1::JobReport report = std::move(t.report);
   running_.erase(it);
+  running_to_delete_.insert(job.job);
   KeepFinished(std::move(report));
 }
 
 void ReportStore::Forget(absl::string_view job) {
   absl::MutexLock lock(&mu_);
-  running_.erase(std::string(job));
+  if (running_.erase(std::string(job)) > 0) running_to_delete_.insert(std::string(job));
 }
 
 void ReportStore::Update(Tracked* t, const analysis::JobSnapshot& job,
@@ -287,6 +376,23 @@ void ReportStore::DropFinished(const std::string& job) {
 
 void ReportStore::Prune(int64_t now) {
   absl::MutexLock lock(&mu_);
+  std::vector<std::string> gone;
+  for (const auto& [job, t] : running_) {
+    if (t.recovered && now - t.recovered_at > options_.recovered_expire_nanos) gone.push_back(job);
+  }
+  for (const std::string& job : gone) {
+    SW_LOG_INFO << "job " << job << " has not reported since the collector restarted: its report "
+                << "is finished as expired";
+    auto it = running_.find(job);
+    v1::JobReport report = std::move(it->second.report);
+    running_.erase(it);
+    report.set_state("finished");
+    report.set_end_reason("expired");
+    report.set_end_unix_nanos(now);
+    report.set_updated_unix_nanos(now);
+    running_to_delete_.insert(job);
+    KeepFinished(std::move(report));
+  }
   std::vector<std::string> old;
   for (const auto& [job, report] : finished_) {
     if (report.end_unix_nanos() < now - options_.retention_nanos) old.push_back(job);
@@ -294,51 +400,185 @@ void ReportStore::Prune(int64_t now) {
   for (const std::string& job : old) DropFinished(job);
 }
 
-int ReportStore::Flush() {
+int ReportStore::Flush(int64_t now) { return FlushAt(now, /*force=*/false); }
+
+int ReportStore::Flush() { return FlushAt(0, /*force=*/true); }
+
+int ReportStore::FlushAt(int64_t now, bool force) {
   absl::MutexLock flush_lock(&flush_mu_);
-  std::vector<std::pair<std::string, std::string>> writes;
-  std::vector<std::string> deletes;
+  if (options_.dir.empty()) {
+    absl::MutexLock lock(&mu_);
+    to_write_.clear();
+    to_delete_.clear();
+    running_to_delete_.clear();
+    return 0;
+  }
+  if (!force && failing_ && now < retry_at_) return 0;
+  const bool save_running = force || options_.running_save_interval_nanos > 0;
+  struct Write {
+    std::string job;
+    std::string path;
+    std::string json;
+    bool running = false;
+    int64_t updated = 0;
+    bool ok = false;
+  };
+  std::vector<Write> writes;
+  std::vector<std::pair<std::string, bool>> deletes;  // job, running
   {
     absl::MutexLock lock(&mu_);
-    if (options_.dir.empty()) {
-      to_write_.clear();
-      to_delete_.clear();
-      return 0;
-    }
     google::protobuf::util::JsonPrintOptions print;
     print.preserve_proto_field_names = true;
     for (const std::string& job : to_write_) {
       std::string json;
       if (google::protobuf::util::MessageToJsonString(finished_.at(job), &json, print).ok()) {
-        writes.emplace_back(PathOf(job), std::move(json));
+        writes.push_back({job, PathOf(job), std::move(json)});
+        in_flight_.insert(job);
       }
     }
-    for (const std::string& job : to_delete_) deletes.push_back(PathOf(job));
     to_write_.clear();
+    if (save_running) {
+      // Changed and due, those saved longest ago first.
+      std::vector<std::pair<int64_t, const std::string*>> due;
+      for (const auto& [job, t] : running_) {
+        if (t.report.updated_unix_nanos() == t.saved_updated) continue;
+        if (!force && t.saved_at > 0 && now - t.saved_at < options_.running_save_interval_nanos) {
+          continue;
+        }
+        due.emplace_back(t.saved_at, &job);
+      }
+      const size_t cap =
+          force ? due.size()
+                : std::min(due.size(),
+                           static_cast<size_t>(std::max(1, options_.max_running_writes_per_flush)));
+      std::partial_sort(due.begin(), due.begin() + cap, due.end());
+      for (size_t i = 0; i < cap; ++i) {
+        const std::string& job = *due[i].second;
+        const v1::JobReport& report = running_.at(job).report;
+        std::string json;
+        if (google::protobuf::util::MessageToJsonString(report, &json, print).ok()) {
+          writes.push_back(
+              {job, RunningPathOf(job), std::move(json), true, report.updated_unix_nanos()});
+        }
+      }
+    }
+    for (const std::string& job : to_delete_) deletes.emplace_back(job, false);
+    for (const std::string& job : running_to_delete_) {
+      if (!running_.contains(job)) deletes.emplace_back(job, true);
+    }
     to_delete_.clear();
+    running_to_delete_.clear();
   }
   int failures = 0;
-  for (const auto& [path, json] : writes) {
-    if (absl::Status st = WriteFileAtomically(path, json); !st.ok()) {
+  absl::Status first_error;
+  for (Write& w : writes) {
+    absl::Status st = WriteFileAtomically(w.path, w.json);
+    w.ok = st.ok();
+    if (!w.ok) {
       ++failures;
-      SW_LOG_WARNING << "cannot save report: " << st;
+      if (first_error.ok()) first_error = st;
     }
   }
-  for (const std::string& path : deletes) {
+  std::vector<std::pair<std::string, bool>> failed_deletes;
+  for (const auto& [job, running] : deletes) {
     std::error_code ec;
+    const std::string path = running ? RunningPathOf(job) : PathOf(job);
     std::filesystem::remove(path, ec);
     if (ec) {
       ++failures;
-      SW_LOG_WARNING << "cannot delete report " << path << ": " << ec.message();
+      failed_deletes.emplace_back(job, running);
+      if (first_error.ok()) {
+        first_error =
+            absl::UnavailableError(absl::StrCat("cannot delete ", path, ": ", ec.message()));
+      }
     }
   }
+  int unsaved = 0;
+  int written = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Write& w : writes) {
+      if (w.ok) ++written;
+      if (w.running) {
+        if (auto it = running_.find(w.job); w.ok && it != running_.end()) {
+          it->second.saved_updated = w.updated;
+          it->second.saved_at = now;
+        }
+        continue;
+      }
+      in_flight_.erase(w.job);
+      // Kept in memory and written again later; unless dropped meanwhile (--max-reports).
+      if (!w.ok && finished_.contains(w.job)) to_write_.insert(w.job);
+    }
+    for (const auto& [job, running] : failed_deletes) {
+      if (running && !running_.contains(job)) running_to_delete_.insert(job);
+      if (!running && !finished_.contains(job)) to_delete_.insert(job);
+    }
+    save_errors_ += failures;
+    unsaved = static_cast<int>(to_write_.size());
+  }
+  // Logged once per change: when writes start failing, and when they succeed again.
+  if (failures > 0) {
+    if (!failing_) {
+      failing_ = true;
+      failing_since_ = now;
+      backoff_ = std::max<int64_t>(options_.retry_initial_nanos, 1'000'000);
+      SW_LOG_WARNING << "cannot save job reports under --state-dir: " << first_error << "; "
+                     << unsaved << " finished reports kept in memory, marked unsaved, and "
+                     << "written when the disk takes them (retried after "
+                     << backoff_ / 1'000'000'000.0 << " s, backing off to "
+                     << options_.retry_max_nanos / 1'000'000'000.0 << " s)";
+    } else {
+      backoff_ = std::min(backoff_ * 2, std::max(options_.retry_max_nanos, backoff_));
+    }
+    retry_at_ = now + backoff_;
+  } else if (failing_ && !writes.empty()) {
+    failing_ = false;
+    SW_LOG_INFO << "job reports saved again under --state-dir: " << written << " written"
+                << (force ? ""
+                          : absl::StrCat(" after ", (now - failing_since_) / 1'000'000'000.0,
+                                         " s of failures"));
+  }
   return failures;
+}
+
+int ReportStore::unsaved_count() const {
+  absl::MutexLock lock(&mu_);
+  return options_.dir.empty() ? 0 : static_cast<int>(to_write_.size() + in_flight_.size());
+}
+
+int64_t ReportStore::unsaved_bytes() const {
+  absl::MutexLock lock(&mu_);
+  if (options_.dir.empty()) return 0;
+  // Bounded by max_reports; computed when asked, so that it is never stale.
+  int64_t bytes = 0;
+  for (const auto* set : {&to_write_, &in_flight_}) {
+    for (const std::string& job : *set) {
+      if (auto it = finished_.find(job); it != finished_.end()) {
+        bytes += static_cast<int64_t>(it->second.ByteSizeLong());
+      }
+    }
+  }
+  return bytes;
+}
+
+uint64_t ReportStore::save_errors() const {
+  absl::MutexLock lock(&mu_);
+  return save_errors_;
+}
+
+bool ReportStore::Unsaved(const std::string& job) const {
+  return !options_.dir.empty() && (to_write_.contains(job) || in_flight_.contains(job));
 }
 
 absl::StatusOr<v1::JobReport> ReportStore::Get(absl::string_view job) const {
   absl::MutexLock lock(&mu_);
   if (auto it = running_.find(job); it != running_.end()) return it->second.report;
-  if (auto it = finished_.find(job); it != finished_.end()) return it->second;
+  if (auto it = finished_.find(job); it != finished_.end()) {
+    v1::JobReport r = it->second;
+    r.set_unsaved(Unsaved(r.job()));
+    return r;
+  }
   return absl::NotFoundError(absl::StrCat("no report of a job named \"", job, "\""));
 }
 
@@ -346,7 +586,7 @@ std::vector<v1::JobReport> ReportStore::List() const {
   std::vector<v1::JobReport> out;
   absl::MutexLock lock(&mu_);
   out.reserve(running_.size() + finished_.size());
-  auto add = [&out](const v1::JobReport& r) {
+  auto add = [this, &out](const v1::JobReport& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     // Field by field: copying the whole report would copy every finding only to drop it.
     v1::JobReport& s = out.emplace_back();
     s.set_job(r.job());
@@ -369,6 +609,8 @@ std::vector<v1::JobReport> ReportStore::List() const {
     s.set_findings_dropped(r.findings_dropped());
     *s.mutable_section_names() = r.section_names();
     s.set_sections_folded(r.sections_folded());
+    s.set_unsaved(r.state() == "finished" && Unsaved(r.job()));
+    *s.mutable_gaps() = r.gaps();
   };
   for (const auto& [job, t] : running_) add(t.report);
   for (const auto& [job, r] : finished_) add(r);

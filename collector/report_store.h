@@ -1,7 +1,13 @@
 // Job reports: each job's whole life (every finding it ever had, its last known efficiency,
 // breakdown and what-ifs, steps and times), kept after the job ends so that it can be asked about
 // afterwards (stepwatchctl report, a Slurm epilog). Finished reports are written to a directory,
-// one file per job, and loaded again at start; they are bounded in age and number.
+// one file per job, and loaded again at start; they are bounded in age and number. Running jobs'
+// reports are written too (DIR/running, every running_save_interval and at shutdown), so that a
+// restarted collector continues them, with the stretch it missed recorded as a gap.
+//
+// A report that cannot be written (a full or failing disk) stays in memory, marked unsaved, and
+// is retried with a backoff; the failures are counted and logged once per change (failing, saved
+// again).
 //
 // Thread-safe. The collector feeds it under its own lock (Observe, Finish); file writes happen
 // later, in Flush, so that disk latency never holds up ingest.
@@ -33,6 +39,17 @@ struct ReportStoreOptions {
   int max_reports = 1000;
   // Most findings kept per report; beyond it the oldest cleared ones are dropped (and counted).
   int max_findings_per_report = 1000;
+  // A running report that changed is written at most this often (0: only at shutdown), and at
+  // most max_running_writes_per_flush of them per Flush (each is a file write and an fsync; those
+  // saved longest ago first), so that many jobs cannot hold up the collector's tick.
+  int64_t running_save_interval_nanos = 10'000'000'000;
+  int max_running_writes_per_flush = 16;
+  // After a failed write, writes wait this long, doubling up to retry_max_nanos.
+  int64_t retry_initial_nanos = 1'000'000'000;
+  int64_t retry_max_nanos = 30'000'000'000;
+  // A running report loaded at start whose job reports nothing for this long is finished as
+  // "expired" (the collector's --expire).
+  int64_t recovered_expire_nanos = 300'000'000'000;
 };
 
 // What the collector knows of a job besides the engine's snapshot.
@@ -65,12 +82,22 @@ class ReportStore {
   // The job moved to other collectors: its running report is dropped, not kept (they hold the
   // job's whole life; this collector saw a part of it).
   void Forget(absl::string_view job);
-  // Drops finished reports past the retention.
+  // Drops finished reports past the retention, and finishes ("expired") the running reports
+  // loaded at start whose job did not report again within recovered_expire_nanos.
   void Prune(int64_t now_unix_nanos);
 
-  // Writes the finished reports queued since the last call and deletes the files of dropped ones;
-  // returns how many writes or deletions failed (each is logged).
+  // Writes the finished reports not saved yet, the running reports that changed (at most every
+  // running_save_interval), and deletes the files of dropped ones; returns how many writes or
+  // deletions failed. After a failure, nothing is tried before the backoff has passed.
+  int Flush(int64_t now_unix_nanos);
+  // Writes everything now, running reports included, whatever the backoff (at shutdown).
   int Flush();
+
+  // Finished reports not yet written, and their bytes (charged against the memory budget).
+  int unsaved_count() const;
+  int64_t unsaved_bytes() const;
+  // Writes and deletions that failed, in all.
+  uint64_t save_errors() const;
 
   // The job's report, running or finished (running first); NotFound otherwise.
   absl::StatusOr<v1::JobReport> Get(absl::string_view job) const;
@@ -88,6 +115,12 @@ class ReportStore {
     v1::JobReport report;
     // Active findings -> their position in report.findings.
     absl::flat_hash_map<FindingKey, int> active;
+    // Loaded from DIR/running at start, and not seen since (its last gap is open).
+    bool recovered = false;
+    int64_t recovered_at = 0;
+    // report.updated_unix_nanos when it was last written (0: never), and when that was.
+    int64_t saved_updated = 0;
+    int64_t saved_at = 0;
   };
 
   void Update(Tracked* t, const analysis::JobSnapshot& job,
@@ -100,17 +133,31 @@ class ReportStore {
   void KeepFinished(v1::JobReport report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropFinished(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string PathOf(absl::string_view job) const;
+  std::string RunningPathOf(absl::string_view job) const;
+  // Loads DIR/running (under Load).
+  void LoadRunning(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int FlushAt(int64_t now, bool force) ABSL_LOCKS_EXCLUDED(mu_);
+  bool Unsaved(const std::string& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ReportStoreOptions options_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Tracked> running_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, v1::JobReport> finished_ ABSL_GUARDED_BY(mu_);
-  // Jobs whose finished report must be written, and files to delete.
+  // Jobs whose finished report must be written (or is being written), and files to delete.
   absl::flat_hash_set<std::string> to_write_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> in_flight_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> to_delete_ ABSL_GUARDED_BY(mu_);
+  // Running reports' files to delete (the job finished or moved away).
+  absl::flat_hash_set<std::string> running_to_delete_ ABSL_GUARDED_BY(mu_);
+  uint64_t save_errors_ ABSL_GUARDED_BY(mu_) = 0;
   // One Flush at a time, so that a write and a deletion of one file keep their order.
   absl::Mutex flush_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Whether the last attempt failed, since when, and when to try again.
+  bool failing_ ABSL_GUARDED_BY(flush_mu_) = false;
+  int64_t failing_since_ ABSL_GUARDED_BY(flush_mu_) = 0;
+  int64_t retry_at_ ABSL_GUARDED_BY(flush_mu_) = 0;
+  int64_t backoff_ ABSL_GUARDED_BY(flush_mu_) = 0;
 };
 
 }  // namespace stepwatch::collector

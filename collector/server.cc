@@ -7,7 +7,9 @@
 #include <chrono>
 #include <exception>
 #include <optional>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -20,6 +22,8 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/metric_family.h"
 
 namespace stepwatch::collector {
 namespace {
@@ -39,9 +43,17 @@ void LogSecurityPosture(const CollectorServerOptions& o, bool tokens) {
     SW_LOG_WARNING << "gRPC over TLS without client certificates (no --tls-client-ca): a batch's "
                       "node name is not verified"
                    << (tokens ? "" : ", and any client may report and query");
-  } else {
+  } else if (o.verify_node_identity) {
     SW_LOG_INFO << "gRPC over TLS; clients must present a certificate of " << o.tls.client_ca_file
-                << "; a batch's node must match its certificate";
+                << "; a batch's node must match its certificate (first DNS name, else common "
+                   "name), and agent certificates that name no node are refused";
+  } else {
+    SW_LOG_WARNING << "gRPC over TLS; clients must present a certificate of "
+                   << o.tls.client_ca_file
+                   << ", but --verify-node-identity=false: batches' node names are NOT checked "
+                      "against certificates, so any holder of a valid client certificate may "
+                      "report for any node (forge its steps, GPU readings and rank exits). Keep "
+                      "it on with one certificate per node unless agents share one certificate";
   }
   if (tokens) {
     SW_LOG_INFO << "bearer tokens required (" << o.auth_token_file
@@ -69,6 +81,31 @@ std::optional<int64_t> ReadMemTotal(const std::string& meminfo) {
     if (absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &kib) && kib > 0) return kib * 1024;
   }
   return std::nullopt;
+}
+
+// Certificate reloads, where an operator sees a rotation that was refused.
+std::vector<prometheus::MetricFamily> TlsFamilies(const security::CheckedKeyCertPair& identity) {
+  const security::CheckedKeyCertPair::Stats s = identity.stats();
+  std::vector<prometheus::MetricFamily> out;
+  for (const auto& [name, help, value] :
+       {std::tuple<const char*, const char*, uint64_t>{
+            "stepwatch_collector_tls_reloads_total",
+            "New --tls-cert/--tls-key pairs taken without a restart.", s.reloads},
+        std::tuple<const char*, const char*, uint64_t>{
+            "stepwatch_collector_tls_reload_errors_total",
+            "Contents of --tls-cert/--tls-key refused at a reload (unreadable, or the key is not "
+            "the certificate's); the previous pair kept serving.",
+            s.reload_errors}}) {
+    prometheus::MetricFamily f;
+    f.name = name;
+    f.help = help;
+    f.type = prometheus::MetricType::Counter;
+    prometheus::ClientMetric m;
+    m.counter.value = static_cast<double>(value);
+    f.metric.push_back(m);
+    out.push_back(std::move(f));
+  }
+  return out;
 }
 
 }  // namespace
@@ -123,8 +160,9 @@ absl::Status CollectorServer::Init() {
   }
 
   SW_ASSIGN_OR_RETURN(HostPort grpc_hp, ParseHostPort(options_.grpc_listen));
-  SW_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
-                      security::MakeServerCredentials(options_.tls));
+  SW_ASSIGN_OR_RETURN(security::ServerTls tls, security::MakeServerCredentials(options_.tls));
+  std::shared_ptr<grpc::ServerCredentials> credentials = std::move(tls.credentials);
+  tls_identity_ = std::move(tls.identity);
   std::unique_ptr<security::TokenStore> tokens;
   if (!options_.auth_token_file.empty()) {
     absl::StatusOr<std::unique_ptr<security::TokenStore>> opened =
@@ -138,7 +176,8 @@ absl::Status CollectorServer::Init() {
   LogSecurityPosture(options_, tokens != nullptr);
   authorizer_ = std::make_unique<security::Authorizer>(std::move(tokens));
   ingest_ = std::make_unique<IngestService>(state_.get(), authorizer_.get(),
-                                            options_.verify_node_identity);
+                                            options_.verify_node_identity,
+                                            !options_.tls.client_ca_file.empty());
   query_ = std::make_unique<QueryService>(state_.get(), authorizer_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -150,6 +189,10 @@ absl::Status CollectorServer::Init() {
   builder.SetMaxReceiveMessageSize(options_.max_receive_message_bytes);
   builder.SetMaxSendMessageSize(options_.max_send_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options_.max_concurrent_streams);
+  // Header list (metadata) per call, advertised as SETTINGS_MAX_HEADER_LIST_SIZE: a call over it
+  // is reset and the connection closed. Agents send under 1 KiB. gRPC 1.51 still buffers one
+  // oversized header field whole before checking (docs/security.md, "Header floods").
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, options_.max_metadata_bytes);
   grpc::ResourceQuota quota("stepwatch-collector");
   quota.Resize(static_cast<size_t>(options_.grpc_memory_bytes));
   builder.SetResourceQuota(quota);
@@ -173,6 +216,9 @@ absl::Status CollectorServer::Init() {
     collectable_ = std::make_shared<StateCollectable>(state_.get(), options_.metrics);
     security::MetricsEndpointOptions endpoint = options_.metrics_endpoint;
     endpoint.listen = options_.metrics_listen;
+    if (tls_identity_ != nullptr) {
+      endpoint.extra_families = [identity = tls_identity_] { return TlsFamilies(*identity); };
+    }
     absl::StatusOr<std::unique_ptr<security::MetricsEndpoint>> started =
         security::MetricsEndpoint::Start(endpoint, collectable_);
     if (!started.ok()) {

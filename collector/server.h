@@ -43,6 +43,8 @@ struct CollectorServerOptions {
   int max_send_message_bytes = 64 << 20;
   // Concurrent streams (calls) per connection; an agent holds one.
   int max_concurrent_streams = 16;
+  // Largest header list (metadata) of one call; an agent's is under 1 KiB.
+  int max_metadata_bytes = 16 << 10;
   // Memory gRPC may use for its transport buffers across all connections (grpc::ResourceQuota).
   // Decoded batches are not counted in it: what concurrent batches hold is bounded by
   // max_receive_message_bytes per stream (docs/performance.md).
@@ -102,6 +104,8 @@ class CollectorServer {
   std::unique_ptr<security::Authorizer> authorizer_;
   std::unique_ptr<IngestService> ingest_;
   std::unique_ptr<QueryService> query_;
+  // The checked certificate and key gRPC serves (null for plaintext); outlives server_.
+  std::shared_ptr<security::CheckedKeyCertPair> tls_identity_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<StateCollectable> collectable_;
   std::unique_ptr<security::MetricsEndpoint> metrics_endpoint_;

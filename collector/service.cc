@@ -1,23 +1,45 @@
 #include "collector/service.h"
 
+#include <chrono>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "collector/convert.h"
 #include "common/log.h"
+#include "common/text.h"
+#include "google/protobuf/arena.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "grpcpp/support/proto_buffer_writer.h"
 #include "security/peer_identity.h"
 
 namespace stepwatch::collector {
 namespace {
 
+// Refused streams and malformed batches: logged at a bounded rate (a hostile client may send
+// them in a loop), always counted.
+LogRateLimiter& RefusalLogLimiter() {
+  static LogRateLimiter* const limiter = new LogRateLimiter(5, std::chrono::minutes(1));
+  return *limiter;
+}
+
+std::string Suppressed(uint64_t n) {
+  return n > 0 ? absl::StrCat(" [", n, " similar suppressed]") : std::string();
+}
+
 // One agent's stream. Reads and writes alternate (read a batch, apply it, write its ack, read the
 // next), so exactly one operation is outstanding at any time and Finish is called exactly once.
-class ReportReactor final : public grpc::ServerBidiReactor<v1::ReportBatch, v1::IngestAck> {
+// Batches arrive as bytes: parsing them here tells a malformed message from the end of the stream.
+class ReportReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   // `authorized`: the outcome of the token check. `identity`: the node a verified client
-  // certificate names (empty without client certificates); every batch must claim that node.
+  // certificate names (empty when node identity is not verified, or without client
+  // certificates); every batch must claim that node. An error when the certificate names none.
   ReportReactor(CollectorState* state, std::string peer, const absl::Status& authorized,
-                std::string identity)
-      : state_(state), peer_(std::move(peer)), identity_(std::move(identity)) {
+                absl::StatusOr<std::string> identity)
+      : state_(state), peer_(std::move(peer)) {
     if (!authorized.ok()) {
       state_->CountRefused(security::RefusalReason(authorized));
       SW_LOG_WARNING << "refusing ingest stream from " << peer_ << ": " << authorized.message();
@@ -27,9 +49,22 @@ class ReportReactor final : public grpc::ServerBidiReactor<v1::ReportBatch, v1::
                           std::string(authorized.message())));
       return;
     }
+    if (!identity.ok()) {
+      // A certificate the CA signed but that names no node could otherwise report as any node.
+      state_->CountRefused("no_identity");
+      uint64_t suppressed = 0;
+      if (RefusalLogLimiter().Allow(&suppressed)) {
+        SW_LOG_WARNING << "refusing ingest stream from " << peer_ << ": "
+                       << identity.status().message() << Suppressed(suppressed);
+      }
+      Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          std::string(identity.status().message())));
+      return;
+    }
+    identity_ = *std::move(identity);
     connected_ = true;
     state_->AgentConnected();
-    StartRead(&batch_);
+    StartRead(&request_);
   }
 
   void OnReadDone(bool ok) override {
@@ -38,30 +73,58 @@ class ReportReactor final : public grpc::ServerBidiReactor<v1::ReportBatch, v1::
       Finish(grpc::Status::OK);
       return;
     }
-    if (agent_id_.empty() && !batch_.agent_id().empty()) {
-      agent_id_ = batch_.agent_id();
-      node_ = batch_.node().node();
-      SW_LOG_INFO << "agent connected: agent_id=" << agent_id_ << " node=" << node_
-                  << " boot_id=" << batch_.boot_id() << " peer=" << peer_;
+    // Each batch in its own arena: nothing of a large batch (strings, steps) outlives it.
+    google::protobuf::Arena arena;
+    v1::ReportBatch* batch = google::protobuf::Arena::CreateMessage<v1::ReportBatch>(&arena);
+    if (grpc::Status parsed =
+            grpc::SerializationTraits<v1::ReportBatch>::Deserialize(&request_, batch);
+        !parsed.ok()) {
+      state_->CountMalformed("unparsable");
+      Refuse(grpc::StatusCode::INVALID_ARGUMENT,
+             "the message is not a stepwatch.v1.ReportBatch protobuf");
+      return;
     }
-    if (!identity_.empty() && batch_.node().node() != identity_) {
+    // Before anything of the batch is logged or compared: its identifiers are within bounds.
+    if (const std::optional<FieldProblem> bad = CheckBatchIdentifiers(*batch); bad.has_value()) {
+      state_->CountMalformed("bad_field", &*bad);
+      Refuse(grpc::StatusCode::INVALID_ARGUMENT,
+             absl::StrCat("ReportBatch ", bad->field, " is ",
+                          std::string(bad->reason) == "too_long" ? "longer than its bound"
+                                                                 : "holding control characters",
+                          " (docs/security.md)"));
+      return;
+    }
+    if (!identity_.empty() && batch->node().node() != identity_) {
       // A certificate proves one node; a batch that claims another is forged or misconfigured.
       state_->CountRefused("node_mismatch");
       SW_LOG_WARNING << "refusing ingest stream from " << peer_ << ": its certificate is for node "
-                     << identity_ << " but a batch claims node " << batch_.node().node();
+                     << identity_ << " but a batch claims node "
+                     << EscapeControlCharacters(batch->node().node());
       Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                           "the client certificate is for node " + identity_ +
-                              ", the batch claims node " + batch_.node().node()));
+                              ", the batch claims node " + batch->node().node()));
       return;
     }
-    absl::StatusOr<v1::IngestAck> ack = state_->Apply(batch_);
+    if (agent_id_.empty() && !batch->agent_id().empty()) {
+      agent_id_ = batch->agent_id();
+      node_ = batch->node().node();
+      SW_LOG_INFO << "agent connected: agent_id=" << agent_id_ << " node=" << node_
+                  << " boot_id=" << batch->boot_id() << " peer=" << peer_;
+    }
+    absl::StatusOr<v1::IngestAck> ack = state_->Apply(*batch);
     if (!ack.ok()) {
       SW_LOG_WARNING << "rejecting ingest stream from " << peer_ << ": " << ack.status();
       Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(ack.status().message())));
       return;
     }
-    ack_ = *std::move(ack);
-    StartWrite(&ack_);
+    bool own_buffer = false;
+    if (grpc::Status st =
+            grpc::SerializationTraits<v1::IngestAck>::Serialize(*ack, &response_, &own_buffer);
+        !st.ok()) {
+      Finish(grpc::Status(grpc::StatusCode::INTERNAL, "cannot encode the acknowledgement"));
+      return;
+    }
+    StartWrite(&response_);
   }
 
   void OnWriteDone(bool ok) override {
@@ -69,7 +132,8 @@ class ReportReactor final : public grpc::ServerBidiReactor<v1::ReportBatch, v1::
       Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "cannot send acknowledgement"));
       return;
     }
-    StartRead(&batch_);
+    response_.Clear();
+    StartRead(&request_);
   }
 
   void OnCancel() override { cancelled_ = true; }
@@ -84,15 +148,25 @@ class ReportReactor final : public grpc::ServerBidiReactor<v1::ReportBatch, v1::
   }
 
  private:
+  // Ends the stream for a batch that cannot be applied (already counted).
+  void Refuse(grpc::StatusCode code, const std::string& why) {
+    uint64_t suppressed = 0;
+    if (RefusalLogLimiter().Allow(&suppressed)) {
+      SW_LOG_WARNING << "rejecting ingest stream from " << peer_ << ": " << why
+                     << Suppressed(suppressed);
+    }
+    Finish(grpc::Status(code, why));
+  }
+
   CollectorState* const state_;
   const std::string peer_;
-  const std::string identity_;
+  std::string identity_;
   bool connected_ = false;
   std::string agent_id_;
   std::string node_;
   bool cancelled_ = false;
-  v1::ReportBatch batch_;
-  v1::IngestAck ack_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;
 };
 
 grpc::Status ToGrpc(const absl::Status& s) {
@@ -102,12 +176,15 @@ grpc::Status ToGrpc(const absl::Status& s) {
 
 }  // namespace
 
-grpc::ServerBidiReactor<v1::ReportBatch, v1::IngestAck>* IngestService::Report(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* IngestService::Report(
     grpc::CallbackServerContext* context) {
-  return new ReportReactor(
-      state_, context->peer(), authorizer_->Authorize(*context, security::Role::kAgent),
-      verify_node_identity_ ? security::PeerCertificateIdentity(*context->auth_context())
-                            : std::string());
+  absl::StatusOr<std::string> identity = std::string();
+  if (verify_node_identity_) {
+    identity = security::VerifiedNodeIdentity(*context->auth_context(), certificates_required_);
+  }
+  return new ReportReactor(state_, context->peer(),
+                           authorizer_->Authorize(*context, security::Role::kAgent),
+                           std::move(identity));
 }
 
 grpc::Status QueryService::AuthorizeReader(grpc::CallbackServerContext* context) const {

@@ -8,20 +8,31 @@
 
 namespace stepwatch::collector {
 
-class IngestService final : public v1::Ingest::CallbackService {
+// Ingest reads each batch as bytes and parses it itself (a raw callback method): a message that
+// is not a ReportBatch ends the stream with INVALID_ARGUMENT and is counted
+// (malformed{reason="unparsable"}), where gRPC's own parsing would end it as if the agent had
+// closed it.
+class IngestService final : public v1::Ingest::WithRawCallbackMethod_Report<v1::Ingest::Service> {
  public:
   // `authorizer` must outlive the service.
-  // With `verify_node_identity`, a client certificate's identity must match every batch's node.
+  // With `verify_node_identity`, a client certificate's identity must match every batch's node,
+  // and a certificate that names no usable node is refused (PERMISSION_DENIED, counted as
+  // refused{reason="no_identity"}). `certificates_required`: the server asks every client for a
+  // certificate (--tls-client-ca), so a stream without one has no identity either.
   IngestService(CollectorState* state, const security::Authorizer* authorizer,
-                bool verify_node_identity = true)
-      : state_(state), authorizer_(authorizer), verify_node_identity_(verify_node_identity) {}
-  grpc::ServerBidiReactor<v1::ReportBatch, v1::IngestAck>* Report(
+                bool verify_node_identity = true, bool certificates_required = false)
+      : state_(state),
+        authorizer_(authorizer),
+        verify_node_identity_(verify_node_identity),
+        certificates_required_(certificates_required) {}
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Report(
       grpc::CallbackServerContext* context) override;
 
  private:
   CollectorState* const state_;
   const security::Authorizer* const authorizer_;
   const bool verify_node_identity_;
+  const bool certificates_required_;
 };
 
 class QueryService final : public v1::Query::CallbackService {

@@ -13,12 +13,16 @@ namespace stepwatch::collector {
 namespace {
 
 // Label values (job, node) are bounded: longer ones are refused, not truncated, so that two
-// distinct names cannot collide. Names also reach terminals: no control characters.
-constexpr size_t kMaxNameBytes = 256;
+// distinct names cannot collide. Names also reach terminals: no control characters. Every string
+// a batch carries is bounded the same way (collector/convert.h, CheckBatchIdentifiers and the
+// checks of its items).
 
-bool ValidName(absl::string_view name) {
-  return name.size() <= kMaxNameBytes && FindControlCharacter(name) == absl::string_view::npos;
-}
+// Copies of a job's name the collector keeps beside its per-rank ones: the engine's registry key
+// and record, the collector's track, the running report, the scaling history, its findings.
+constexpr int64_t kJobNameCopies = 6;
+// Copies of a node's name: the node map's key, its view and node info, the engine's node index,
+// host record and the name of the job-per-node count.
+constexpr int64_t kNodeNameCopies = 6;
 
 // Rank rows built per hold of the ingest mutex (see AdvanceExpireAndPublish).
 constexpr int kRankRowsPerHold = 4096;
@@ -27,6 +31,21 @@ constexpr int kRankRowsPerHold = 4096;
 // their cost has passed, so that they take at most ~5% of a core (100,000 ranks: every ~6 s).
 constexpr int64_t kRankRowsAlwaysRebuildNanos = 5'000'000;
 constexpr int64_t kRankRowsCostMultiple = 20;
+
+// A running report loaded at start expires as the job would have: unseen for --expire.
+ReportStoreOptions ReportOptionsFor(const CollectorStateOptions& options) {
+  ReportStoreOptions o = options.reports;
+  o.recovered_expire_nanos = options.expire_nanos;
+  return o;
+}
+
+std::string BadIdentifierMessage(const FieldProblem& bad) {
+  size_t bound = kMaxNodeNameBytes;
+  if (std::string(bad.field) == "boot_id") bound = kMaxBootIdBytes;
+  return std::string(bad.reason) == "too_long"
+             ? absl::StrCat("ReportBatch ", bad.field, " longer than ", bound, " bytes")
+             : absl::StrCat("ReportBatch ", bad.field, " with control characters");
+}
 
 int64_t NanosSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
@@ -91,7 +110,7 @@ CollectorState::CollectorState(CollectorStateOptions options, const Clock* clock
       engine_(options_.engine),
       deduper_(options_.dedupe),
       costs_(MemoryCostsFor(options_.engine)),
-      reports_(options_.reports) {
+      reports_(ReportOptionsFor(options_)) {
   // Never fatal: without its directory the collector still keeps reports in memory.
   if (absl::Status st = reports_.Load(clock_->NowUnixNanos()); !st.ok()) {
     SW_LOG_WARNING << "job reports will not survive a restart: " << st;
@@ -101,6 +120,8 @@ CollectorState::CollectorState(CollectorStateOptions options, const Clock* clock
     if (absl::Status st = deduper_.OpenJournal(); !st.ok()) {
       SW_LOG_WARNING << "batch deduplication journal: " << st;
     }
+    counters_.journal_records_damaged = deduper_.journal_damaged_records();
+    SyncCounters();
   }
   // Readers never see null: an empty view until the first Tick.
   auto empty = std::make_shared<PublishedView>();
@@ -143,6 +164,56 @@ void CollectorState::CountIngestError() {
   SyncCounters();
 }
 
+void CollectorState::CountMalformed(const char* reason, const FieldProblem* field) {
+  absl::MutexLock lock(&mu_);
+  ++counters_.ingest_errors;
+  ++counters_.malformed[reason];
+  if (field != nullptr) ++counters_.fields_refused[{field->field, field->reason}];
+  SyncCounters();
+}
+
+void CollectorState::CountNodeRefusal(const std::string& node, const char* reason) {
+  ++counters_.refused[reason];
+  std::pair<std::string, std::string> key(node, reason);
+  if (counters_.node_refusals.find(key) == counters_.node_refusals.end()) {
+    // A new node is named only while fewer than kMaxRefusalNodes are.
+    size_t nodes = 0;
+    const std::string* last = nullptr;
+    for (const auto& [k, n] : counters_.node_refusals) {
+      if (last == nullptr || k.first != *last) ++nodes;
+      last = &k.first;
+    }
+    const bool named = std::any_of(counters_.node_refusals.begin(), counters_.node_refusals.end(),
+                                   [&](const auto& e) { return e.first.first == node; });
+    if (!named && nodes >= kMaxRefusalNodes) key.first = "_other";
+  }
+  ++counters_.node_refusals[key];
+}
+
+void CollectorState::CountFieldRefused(const FieldProblem& problem, absl::string_view node,
+                                       const char* what) {
+  ++counters_.fields_refused[{problem.field, problem.reason}];
+  uint64_t suppressed = 0;
+  if (field_log_limiter_.Allow(&suppressed)) {
+    SW_LOG_WARNING << "node " << EscapeControlCharacters(node.substr(0, kMaxNodeNameBytes))
+                   << ": refusing a " << what << " whose " << problem.field << " is "
+                   << (std::string(problem.reason) == "too_long" ? "over its bound"
+                                                                 : "holding control characters")
+                   << " (docs/security.md, \"Identity and admission\")"
+                   << (suppressed > 0 ? absl::StrCat(" [", suppressed, " similar suppressed]")
+                                      : std::string());
+  }
+}
+
+int64_t CollectorState::NodeTextBytes(const NodeView& v) {
+  return kNodeNameCopies * StringHeapBytes(v.node) + StringHeapBytes(v.agent_id) +
+         KeptBytes(v.info) + (v.host.has_value() ? KeptBytes(*v.host) : 0);
+}
+
+int64_t CollectorState::GpuBytes(const v1::GpuSample& sample, const std::string& node) const {
+  return costs_.gpu + KeptBytes(sample) + StringHeapBytes(node);
+}
+
 void CollectorState::CountStateSaveError() {
   absl::MutexLock lock(&mu_);
   ++counters_.state_save_errors;
@@ -175,6 +246,10 @@ void CollectorState::EraseJob(const std::string& job) {
   auto it = jobs_.find(job);
   if (it == jobs_.end()) return;
   accounted_bytes_ -= it->second.charged_bytes;
+  if (!it->second.opened_by.empty()) {
+    auto opened = jobs_opened_.find(it->second.opened_by);
+    if (opened != jobs_opened_.end() && --opened->second <= 0) jobs_opened_.erase(opened);
+  }
   jobs_.erase(it);
 }
 
@@ -194,6 +269,10 @@ void CollectorState::HitLimit(const char* limit) {
     value = e.max_jobs;
     flag = "--max-jobs";
     refused = "steps of new jobs";
+  } else if (name == "jobs_per_node") {
+    value = options_.max_jobs_per_node;
+    flag = "--max-jobs-per-node";
+    refused = "steps of new jobs opened by a node that opened that many";
   } else if (name == "ranks_per_job") {
     value = e.max_ranks_per_job;
     flag = "--max-ranks-per-job";
@@ -213,33 +292,90 @@ void CollectorState::HitLimit(const char* limit) {
                                     : std::string());
 }
 
-CollectorState::Admission CollectorState::AdmitStep(const v1::StepEvent& event, int64_t now) {
+CollectorState::Admission CollectorState::AdmitStep(const v1::StepEvent& event,
+                                                    const std::string& node, int64_t now) {
   Admission a;
   const analysis::EngineOptions& limits = engine_.options();
   if (event.world_size() > limits.max_ranks_per_job) {
     HitLimit("ranks_per_job");
     return a;
   }
-  // The engine's registry says which jobs and ranks exist; the track keeps only the charges.
-  const std::optional<int> known = engine_.KnownRanks(event.job());
+  // The engine's registry says which jobs and ranks exist, and which node holds each rank (the
+  // one its last step came from); the track keeps only the charges.
+  const std::optional<analysis::JobHolding> held = engine_.JobHoldingOf(event.job());
   auto it = jobs_.find(event.job());
-  if (!known.has_value()) {
+  if (!held.has_value()) {
     if (it != jobs_.end()) EraseJob(event.job());  // never left behind; defensive
     if (engine_.JobCount() >= static_cast<size_t>(std::max(0, limits.max_jobs))) {
       HitLimit("jobs");
       return a;
     }
-    const int64_t cost = costs_.job + costs_.rank_slot * event.world_size() + costs_.rank;
+    auto opened = jobs_opened_.find(node);
+    if (options_.max_jobs_per_node > 0 && opened != jobs_opened_.end() &&
+        opened->second >= options_.max_jobs_per_node) {
+      HitLimit("jobs_per_node");
+      CountNodeRefusal(node, "jobs_per_node");
+      return a;
+    }
+    const int64_t rank_bytes = costs_.rank + StringHeapBytes(event.job()) + StringHeapBytes(node);
+    const int64_t cost = costs_.job + kJobNameCopies * StringHeapBytes(event.job()) +
+                         StringHeapBytes(node) + costs_.rank_slot * event.world_size() + rank_bytes;
     if (!Charge(cost, "job")) return a;
     it = jobs_.emplace(event.job(), JobTrack{}).first;
     it->second.world_size_charged = event.world_size();
     it->second.ranks_charged = 1;
     it->second.charged_bytes = cost;
+    it->second.rank_bytes = rank_bytes;
+    it->second.opened_by = node;
+    ++jobs_opened_[node];
     a.new_job = true;
     a.bytes = cost;
     a.ranks = 1;
   } else {
-    if (it == jobs_.end()) it = jobs_.emplace(event.job(), JobTrack{}).first;
+    // A rank is bound to the node that holds it while that node keeps reporting it: another
+    // node's step for it would be a forgery (a false straggler, or the first half of ending the
+    // job with forged exits). It moves once its holder has been silent for expire_nanos (the
+    // holder's node is then forgotten too), or its process exited or moved away.
+    const int64_t held_since = now - options_.expire_nanos;
+    const std::optional<analysis::RankHolder> holder =
+        engine_.RankHolderOf(event.job(), event.rank());
+    const bool holds_this_rank = holder.has_value() && holder->node == node;
+    if (holder.has_value() && !holds_this_rank) {
+      if (!holder->exited && holder->last_seen_unix_nanos >= held_since) {
+        CountNodeRefusal(node, "rank_foreign");
+        uint64_t suppressed = 0;
+        if (foreign_log_limiter_.Allow(&suppressed)) {
+          SW_LOG_WARNING << "refusing steps of job " << event.job() << " rank " << event.rank()
+                         << " from node " << node << ": node " << holder->node
+                         << " holds that rank and still reports it"
+                         << (suppressed > 0 ? absl::StrCat(" [", suppressed, " similar suppressed]")
+                                            : std::string());
+        }
+        a.rejected = "foreign";
+        return a;
+      }
+      a.takeover = true;
+    }
+    // A new world size resets the job (a rescale): only a node that holds one of its ranks may do
+    // that while other nodes' ranks still run it.
+    if (event.world_size() != held->world_size && !holds_this_rank && held->running_ranks > 0 &&
+        held->last_seen_unix_nanos >= held_since && !engine_.NodeHoldsRankOf(event.job(), node)) {
+      CountNodeRefusal(node, "job_foreign");
+      uint64_t suppressed = 0;
+      if (foreign_log_limiter_.Allow(&suppressed)) {
+        SW_LOG_WARNING << "refusing steps of job " << event.job() << " from node " << node
+                       << ": world size " << event.world_size() << " would reset the job (world "
+                       << held->world_size << ") whose running ranks are all on other nodes"
+                       << (suppressed > 0 ? absl::StrCat(" [", suppressed, " similar suppressed]")
+                                          : std::string());
+      }
+      a.rejected = "foreign";
+      return a;
+    }
+    if (it == jobs_.end()) {
+      it = jobs_.emplace(event.job(), JobTrack{}).first;
+      it->second.rank_bytes = costs_.rank + StringHeapBytes(event.job()) + StringHeapBytes(node);
+    }
     JobTrack& job = it->second;
     if (event.world_size() > job.world_size_charged) {
       // A rescaled job: the engine's rank slots grow with it. Kept when the step is refused.
@@ -249,11 +385,11 @@ CollectorState::Admission CollectorState::AdmitStep(const v1::StepEvent& event, 
       job.charged_bytes += cost;
     }
     // A rank the engine does not know yet, beyond the most it knew at once, costs one more.
-    if (!engine_.RankKnown(event.job(), event.rank()) && *known >= job.ranks_charged) {
-      if (!Charge(costs_.rank, "rank")) return a;
-      job.charged_bytes += costs_.rank;
+    if (!holder.has_value() && held->present_ranks >= job.ranks_charged) {
+      if (!Charge(job.rank_bytes, "rank")) return a;
+      job.charged_bytes += job.rank_bytes;
       ++job.ranks_charged;
-      a.bytes = costs_.rank;
+      a.bytes = job.rank_bytes;
       a.ranks = 1;
     }
   }
@@ -281,7 +417,7 @@ void CollectorState::RefundForgottenRanks() {
   for (auto& [name, job] : jobs_) {
     const int known = engine_.KnownRanks(name).value_or(0);
     if (job.ranks_charged <= known) continue;
-    const int64_t refund = costs_.rank * (job.ranks_charged - known);
+    const int64_t refund = job.rank_bytes * (job.ranks_charged - known);
     accounted_bytes_ -= refund;
     job.charged_bytes -= refund;
     job.ranks_charged = known;
@@ -310,45 +446,69 @@ int64_t CollectorState::TrustedTime(int64_t sender, int64_t now, const std::stri
 
 CollectorState::NodeTrack* CollectorState::TouchNode(const v1::ReportBatch& batch, int64_t now) {
   const std::string& name = batch.node().node().empty() ? batch.agent_id() : batch.node().node();
+  // The node's description (host name, versions, NVML error) is kept only when all of it is
+  // within bounds; the rest of the batch applies either way.
+  std::optional<FieldProblem> info_problem;
+  if (batch.has_node()) info_problem = CheckNodeInfo(batch.node());
+  if (info_problem.has_value()) CountFieldRefused(*info_problem, name, "node description");
+  const bool take_info = batch.has_node() && !info_problem.has_value();
   auto it = nodes_.find(name);
   if (it == nodes_.end()) {
     if (static_cast<int>(nodes_.size()) >= options_.max_nodes) {
       HitLimit("nodes");
       return nullptr;
     }
-    if (!Charge(costs_.node, "node")) return nullptr;
+    NodeView view;
+    view.node = name;
+    view.agent_id = batch.agent_id();
+    if (take_info) view.info = batch.node();
+    const int64_t text = NodeTextBytes(view);
+    if (!Charge(costs_.node + text, "node")) return nullptr;
     it = nodes_.emplace(name, NodeTrack{}).first;
-    it->second.view.node = name;
+    it->second.view = std::move(view);
+    it->second.text_bytes = text;
     SW_LOG_INFO << "new node " << name << " (agent " << batch.agent_id() << ", NVML "
                 << (batch.node().nvml_available() ? "available" : "unavailable") << ")";
+  } else {
+    NodeTrack& n = it->second;
+    if (n.view.agent_id != batch.agent_id()) {
+      if (!n.view.agent_id.empty()) {
+        // Two agents claiming one node name would interleave their series; say so once per
+        // switch.
+        SW_LOG_WARNING << "node " << name << " now reported by agent " << batch.agent_id()
+                       << " (was " << n.view.agent_id << ")";
+      }
+      // Bounded like the node's name, and charged whatever the budget as the name is.
+      const int64_t delta = StringHeapBytes(batch.agent_id()) - StringHeapBytes(n.view.agent_id);
+      accounted_bytes_ += delta;
+      n.text_bytes += delta;
+      n.view.agent_id = batch.agent_id();
+    }
+    if (take_info) {
+      // A longer description is charged; beyond the budget the previous one stays.
+      const int64_t delta = KeptBytes(batch.node()) - KeptBytes(n.view.info);
+      if (delta <= 0 || Charge(delta, "node description")) {
+        if (delta < 0) accounted_bytes_ += delta;
+        n.text_bytes += delta;
+        n.view.info = batch.node();
+      }
+    }
   }
   NodeTrack& n = it->second;
-  if (n.view.agent_id != batch.agent_id()) {
-    if (!n.view.agent_id.empty()) {
-      // Two agents claiming one node name would interleave their series; say so once per switch.
-      SW_LOG_WARNING << "node " << name << " now reported by agent " << batch.agent_id() << " (was "
-                     << n.view.agent_id << ")";
-    }
-    n.view.agent_id = batch.agent_id();
-  }
-  if (batch.has_node()) n.view.info = batch.node();
   n.view.last_seen_unix_nanos = now;
   return &n;
 }
 
 absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch) {
   if (batch.agent_id().empty() || batch.boot_id().empty() || batch.seq() == 0) {
-    CountIngestError();
+    CountMalformed("missing_field");
     return absl::InvalidArgumentError("ReportBatch needs agent_id, boot_id and seq >= 1");
   }
-  // Node names and agent ids become label values and are printed by stepwatchctl.
-  for (const std::string* name : {&batch.node().node(), &batch.agent_id()}) {
-    if (!ValidName(*name)) {
-      CountIngestError();
-      return absl::InvalidArgumentError(absl::StrCat("node name or agent id longer than ",
-                                                     kMaxNameBytes,
-                                                     " bytes or with control characters"));
-    }
+  // Node names and agent ids become label values and are printed by stepwatchctl; boot ids are
+  // kept per stream for deduplication and journaled. Out of bounds, none says who sent the batch.
+  if (const std::optional<FieldProblem> bad = CheckBatchIdentifiers(batch); bad.has_value()) {
+    CountMalformed("bad_field", &*bad);
+    return absl::InvalidArgumentError(BadIdentifierMessage(*bad));
   }
   const int64_t now = clock_->NowUnixNanos();
   absl::ReleasableMutexLock lock(&mu_);
@@ -378,9 +538,9 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
       ++counters_.steps_rejected["invalid"];
       continue;
     }
-    const Admission admission = AdmitStep(event, now);
+    const Admission admission = AdmitStep(event, node_name, now);
     if (!admission.admitted) {
-      ++counters_.steps_rejected["limit"];
+      ++counters_.steps_rejected[admission.rejected];
       continue;
     }
     scratch_step_.received_unix_nanos =
@@ -390,19 +550,33 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
       // Admission charged for what the engine did not take.
       Refund(event.job(), admission);
       ++counters_.steps_rejected[absl::IsResourceExhausted(st) ? "limit" : "invalid"];
+    } else if (admission.takeover &&
+               engine_.RankReportedFrom(event.job(), event.rank(), node_name)) {
+      ++counters_.rank_takeovers;
+      uint64_t suppressed = 0;
+      if (takeover_log_limiter_.Allow(&suppressed)) {
+        SW_LOG_INFO << "job " << event.job() << " rank " << event.rank() << " moved to node "
+                    << node_name << " (its previous node went silent or its process exited)"
+                    << (suppressed > 0 ? absl::StrCat(" [", suppressed, " similar suppressed]")
+                                       : std::string());
+      }
     }
   }
 
   counters_.gpu_samples_received += batch.gpus_size();
   if (node != nullptr) {
     for (const v1::GpuSample& gpu : batch.gpus()) {
+      if (const std::optional<FieldProblem> bad = CheckGpuSample(gpu); bad.has_value()) {
+        CountFieldRefused(*bad, node_name, "GPU sample");
+        continue;
+      }
       auto slot = node->gpu_slot.find(gpu.index());
       if (slot == node->gpu_slot.end()) {
         if (static_cast<int>(node->gpu_slot.size()) >= options_.max_gpus_per_node) {
           HitLimit("gpus_per_node");
           continue;
         }
-        if (!Charge(costs_.gpu, "GPU")) continue;
+        if (!Charge(GpuBytes(gpu, node_name), "GPU")) continue;
         // Keep the GPUs ordered by index: insert and renumber the slots.
         auto pos =
             std::lower_bound(node->view.gpus.begin(), node->view.gpus.end(), gpu.index(),
@@ -413,6 +587,11 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
           node->gpu_slot[node->view.gpus[i].index()] = i;
         }
       } else {
+        // Longer strings or more pids than the last sample's are charged; beyond the budget the
+        // sample is dropped.
+        const int64_t delta = KeptBytes(gpu) - KeptBytes(node->view.gpus[slot->second]);
+        if (delta > 0 && !Charge(delta, "GPU")) continue;
+        if (delta < 0) accounted_bytes_ += delta;
         node->view.gpus[slot->second] = gpu;
       }
       analysis::GpuSample reading = ToGpuReading(gpu, node_name);
@@ -421,10 +600,18 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
     }
     if (batch.has_host()) {
       ++counters_.host_samples_received;
-      node->view.host = batch.host();
-      analysis::HostSample reading = ToHostReading(batch.host(), node_name);
-      reading.sampled_unix_nanos = TrustedTime(reading.sampled_unix_nanos, now, node_name);
-      engine_.AddHost(reading);
+      const int64_t delta =
+          KeptBytes(batch.host()) - (node->view.host.has_value() ? KeptBytes(*node->view.host) : 0);
+      if (const std::optional<FieldProblem> bad = CheckHostSample(batch.host()); bad.has_value()) {
+        CountFieldRefused(*bad, node_name, "host sample");
+      } else if (delta <= 0 || Charge(delta, "host sample")) {
+        if (delta < 0) accounted_bytes_ += delta;
+        node->text_bytes += delta;
+        node->view.host = batch.host();
+        analysis::HostSample reading = ToHostReading(batch.host(), node_name);
+        reading.sampled_unix_nanos = TrustedTime(reading.sampled_unix_nanos, now, node_name);
+        engine_.AddHost(reading);
+      }
     }
   } else if (batch.has_host()) {
     ++counters_.host_samples_received;
@@ -436,7 +623,7 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
     // Agents report exits only of processes they saw send (pid > 0), and only for ranks their
     // own node reported: anything else would let one node end another's job, stall and all.
     if (exit.pid() <= 0 || !engine_.RankReportedFrom(exit.job(), exit.rank(), node_name)) {
-      ++counters_.refused["rank_exit_foreign"];
+      CountNodeRefusal(node_name, "rank_exit_foreign");
       continue;
     }
     std::optional<analysis::FinishedJob> done =
@@ -489,11 +676,14 @@ void CollectorState::Tick() {
   AdvanceExpireAndPublish(now);
   reports_.Prune(now);
   // Outside mu_: disk latency must not hold up ingest.
-  if (int failures = reports_.Flush(); failures > 0) {
-    absl::MutexLock lock(&mu_);
-    counters_.state_save_errors += failures;
-    SyncCounters();
-  }
+  const int failures = reports_.Flush(now);
+  // Reports the disk did not take stay in memory: they count against the budget meanwhile.
+  const int64_t unsaved = reports_.unsaved_bytes();
+  absl::MutexLock lock(&mu_);
+  counters_.state_save_errors += failures;
+  accounted_bytes_ += unsaved - reports_charged_bytes_;
+  reports_charged_bytes_ = unsaved;
+  SyncCounters();
 }
 
 void CollectorState::ObserveReports(const std::vector<analysis::JobSnapshot>& jobs,
@@ -558,8 +748,9 @@ void CollectorState::AdvanceExpireAndPublish(int64_t now) {
         engine_.RemoveNode(it->first);
         deduper_.ForgetAgent(it->second.view.agent_id);
         ++counters_.expired["node"];
-        accounted_bytes_ -=
-            costs_.node + costs_.gpu * static_cast<int64_t>(it->second.gpu_slot.size());
+        int64_t charged = costs_.node + it->second.text_bytes;
+        for (const v1::GpuSample& g : it->second.view.gpus) charged += GpuBytes(g, it->first);
+        accounted_bytes_ -= charged;
         it = nodes_.erase(it);
         nodes_removed = true;
       } else {
@@ -804,6 +995,9 @@ StateSnapshot CollectorState::Snapshot(NodeScope scope) const {
   }
   s.now_unix_nanos = now;
   s.agents_connected = agents_connected_.load();
+  s.reports_unsaved = reports_.unsaved_count();
+  s.reports_unsaved_bytes = reports_.unsaved_bytes();
+  s.report_save_errors = reports_.save_errors();
   s.counters.rank_series_dropped =
       rank_series_dropped_.fetch_add(view->rank_series_dropped) + view->rank_series_dropped;
   return s;

@@ -22,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "analysis/engine.h"
+#include "collector/convert.h"
 #include "collector/dedupe.h"
 #include "collector/report_store.h"
 #include "common/clock.h"
@@ -44,6 +45,11 @@ struct CollectorStateOptions {
   // and ranks per job are the engine's (engine.max_jobs, engine.max_ranks_per_job).
   int max_nodes = 20000;
   int max_gpus_per_node = 64;
+  // Jobs one node may have opened (sent the first step of) among those tracked (0: no cap), so
+  // that one node inventing job ids cannot take every --max-jobs slot: its further new jobs are
+  // refused and counted (limit_hits{limit="jobs_per_node"}, node_refusals{node, "jobs_per_node"})
+  // while other nodes' new jobs are still admitted. A slot is given back when the job ends.
+  int max_jobs_per_node = 64;
   // Memory budget in bytes for what the collector tracks (0: none). Every job, rank, node and GPU
   // is charged an accounted cost (MemoryCosts) when first admitted; what would exceed the budget
   // is refused and counted in limit_hits{limit="memory"}, while what is tracked keeps being
@@ -84,6 +90,9 @@ struct MemoryCosts {
 };
 MemoryCosts MemoryCostsFor(const analysis::EngineOptions& engine);
 
+// Nodes named in CollectorCounters::node_refusals (the rest are counted as node "_other").
+inline constexpr size_t kMaxRefusalNodes = 64;
+
 struct CollectorCounters {
   uint64_t batches_received = 0;
   uint64_t duplicate_batches = 0;
@@ -92,12 +101,30 @@ struct CollectorCounters {
   uint64_t host_samples_received = 0;
   uint64_t ingest_errors = 0;
   uint64_t state_save_errors = 0;
+  // Damaged records skipped when the deduplication journal was opened at start.
+  uint64_t journal_records_damaged = 0;
   std::map<std::string, uint64_t> steps_rejected;  // by reason: "invalid", "limit"
   std::map<std::string, uint64_t> limit_hits;      // by limit: "jobs", "ranks_per_job", ...
   std::map<std::string, uint64_t> expired;         // by kind: "job", "node"
   // Calls and batches refused: "unauthenticated", "permission_denied", "node_mismatch",
-  // "rank_exit_foreign" (a node reported the exit of a rank it never reported).
+  // "no_identity" (a client certificate that names no usable node), "rank_exit_foreign" (a node
+  // reported the exit of a rank it does not hold), "rank_foreign" (a step of a rank another node
+  // holds), "job_foreign" (a step that would rescale a job whose ranks run on other nodes).
   std::map<std::string, uint64_t> refused;
+  // The refusals that one node caused, by (node, reason): rank_foreign, job_foreign,
+  // rank_exit_foreign, jobs_per_node. At most kMaxRefusalNodes nodes are named; the others are
+  // counted under node "_other".
+  std::map<std::pair<std::string, std::string>, uint64_t> node_refusals;
+  // Batches refused before anything of them was applied, by reason: "unparsable" (not a
+  // ReportBatch protobuf), "missing_field" (no agent_id, boot_id or seq), "bad_field" (an
+  // identifier over its bound or with control characters, see collector/convert.h).
+  std::map<std::string, uint64_t> malformed;
+  // Fields over their bound or with control characters, by (field, reason: "too_long",
+  // "control_character"): an identifier costs its batch, any other field the item holding it.
+  std::map<std::pair<std::string, std::string>, uint64_t> fields_refused;
+  // Ranks taken over by another node after their holder went silent for --expire or its process
+  // exited (or the job moved away from it).
+  uint64_t rank_takeovers = 0;
   uint64_t rank_exits_received = 0;
   // Sender timestamps replaced because they were beyond max_clock_skew of the collector's clock.
   uint64_t clock_skew_corrected = 0;
@@ -153,6 +180,11 @@ struct StateSnapshot {
   // Bytes charged against the memory budget, and the budget (0: none).
   int64_t memory_accounted_bytes = 0;
   int64_t memory_budget_bytes = 0;
+  // Finished job reports not yet written under --state-dir (charged against the budget), and the
+  // report writes that failed (read live by Snapshot()).
+  int reports_unsaved = 0;
+  int64_t reports_unsaved_bytes = 0;
+  uint64_t report_save_errors = 0;
   // Cumulative time the engine spent in each detector.
   std::map<std::string, analysis::DetectorTiming> detector_timings;
 };
@@ -204,6 +236,9 @@ class CollectorState {
   void AgentConnected() { agents_connected_.fetch_add(1); }
   void AgentDisconnected() { agents_connected_.fetch_sub(1); }
   void CountIngestError();
+  // A batch refused before it was applied (see CollectorCounters::malformed); also an ingest
+  // error. `field` is set for reason "bad_field".
+  void CountMalformed(const char* reason, const FieldProblem* field = nullptr);
   // A call or batch refused by authentication or identity checks, by reason.
   void CountRefused(const char* reason);
   void CountStateSaveError();
@@ -247,6 +282,11 @@ class CollectorState {
     int world_size_charged = 0;
     int ranks_charged = 0;
     int64_t charged_bytes = 0;
+    // What each of its ranks is charged: MemoryCosts::rank and the copies of the job's name (the
+    // node index) and of the node's (the rank's record), at the opening node's name length.
+    int64_t rank_bytes = 0;
+    // The node whose step opened the job (counted against max_jobs_per_node); empty if unknown.
+    std::string opened_by;
   };
   // What AdmitStep charged for one step, returned if the engine refuses it.
   struct Admission {
@@ -254,14 +294,38 @@ class CollectorState {
     bool new_job = false;
     int64_t bytes = 0;
     int ranks = 0;
+    // Not admitted: the steps_rejected reason ("limit", or "foreign" for a rank or job that
+    // another node holds).
+    const char* rejected = "limit";
+    // Admitted from another node than the rank's silent or released holder.
+    bool takeover = false;
   };
   struct NodeTrack {
     NodeView view;
     absl::flat_hash_map<int, size_t> gpu_slot;  // index -> position in view.gpus
+    // Charged for its strings (NodeTextBytes) beside MemoryCosts::node.
+    int64_t text_bytes = 0;
   };
 
-  // Not admitted (counted) when the step would exceed a limit or the memory budget.
-  Admission AdmitStep(const v1::StepEvent& event, int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Not admitted (counted) when the step would exceed a limit or the memory budget, or when its
+  // (job, rank) is held by another node than `node` (the one that reported it last, while it
+  // keeps reporting it: it is taken over once its holder has been silent for expire_nanos or its
+  // process exited), or it would rescale a job whose running ranks are all on other nodes.
+  Admission AdmitStep(const v1::StepEvent& event, const std::string& node, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a refusal that `node` caused (CollectorCounters::refused and node_refusals).
+  void CountNodeRefusal(const std::string& node, const char* reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a field refused (CollectorCounters::fields_refused), logged at a bounded rate naming
+  // the node and what was dropped (`what`: "batch", "node description", "GPU sample", ...).
+  void CountFieldRefused(const FieldProblem& problem, absl::string_view node, const char* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a node's strings take beyond MemoryCosts::node: its name (map key, view, node info,
+  // the engine's records), agent id, node info and host sample.
+  static int64_t NodeTextBytes(const NodeView& view);
+  // What a GPU of `node` is charged: MemoryCosts::gpu, its kept strings and lists, and the
+  // engine's copy of the node name.
+  int64_t GpuBytes(const v1::GpuSample& sample, const std::string& node) const;
   // Returns what AdmitStep charged for a step the engine refused.
   void Refund(const std::string& job, const Admission& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a refusal by `limit` ("jobs", "ranks_per_job", ...), logged at a bounded rate.
@@ -315,10 +379,18 @@ class CollectorState {
   CollectorCounters counters_ ABSL_GUARDED_BY(mu_);
   LogRateLimiter skew_log_limiter_{3, std::chrono::minutes(1)};
   LogRateLimiter memory_log_limiter_{3, std::chrono::minutes(1)};
+  // Steps and exits refused for ranks other nodes hold, rank takeovers, refused fields.
+  LogRateLimiter foreign_log_limiter_{3, std::chrono::minutes(1)};
+  LogRateLimiter takeover_log_limiter_{5, std::chrono::minutes(1)};
+  LogRateLimiter field_log_limiter_{3, std::chrono::minutes(1)};
+  // Jobs tracked per node that opened them (JobTrack::opened_by), for max_jobs_per_node.
+  absl::flat_hash_map<std::string, int> jobs_opened_ ABSL_GUARDED_BY(mu_);
   // One per limit on counts ("jobs", "ranks_per_job", "nodes", "gpus_per_node").
   std::map<std::string, std::unique_ptr<LogRateLimiter>> limit_log_limiters_ ABSL_GUARDED_BY(mu_);
   const MemoryCosts costs_;
   int64_t accounted_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The part of accounted_bytes_ that is unsaved job reports (updated at each Tick).
+  int64_t reports_charged_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Counted by Snapshot(), which is const: scrapes only read the state otherwise.
   mutable std::atomic<uint64_t> rank_series_dropped_{0};
   // Reused for every step so that conversion does not allocate per step.

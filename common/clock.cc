@@ -218,19 +218,29 @@ void RealClock::SleepUntil(absl::Time wakeup) const { SleepFor(wakeup - absl::No
 
 bool RealClock::AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond,
                                   absl::Time deadline) const {
+  if (deadline == absl::InfiniteFuture()) return AwaitFor(mu, cond, absl::InfiniteDuration());
+  return AwaitFor(mu, cond, deadline - absl::Now());
+}
+
+absl::Duration RealClock::MonotonicNow() const {
+  return absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+}
+
+bool RealClock::AwaitFor(absl::Mutex* mu, const absl::Condition& cond,
+                         absl::Duration timeout) const {
   if (cond.Eval()) return true;
-  if (deadline == absl::InfiniteFuture()) {
+  if (timeout == absl::InfiniteDuration()) {
     mu->Await(cond);
     return true;
   }
   // Beyond a century it makes no difference, and the monotonic time cannot overflow.
-  const absl::Duration left = std::min(deadline - absl::Now(), absl::Hours(24 * 365 * 100));
+  const absl::Duration left = std::min(timeout, absl::Hours(24 * 365 * 100));
   if (left <= absl::ZeroDuration()) return false;
   const auto steady_deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(left);
   bool result = false;
   if (timer_->Await(mu, cond, steady_deadline, &result)) return result;
-  // No timer (out of file descriptors): absl's own wait, which a wall-clock step can stretch.
-  return mu->AwaitWithDeadline(cond, deadline);
+  // No timer (out of file descriptors): absl's own relative wait.
+  return mu->AwaitWithTimeout(cond, left);
 }
 
 SimulatedClock::SimulatedClock(absl::Time start) : now_(start) {}
@@ -242,10 +252,20 @@ absl::Time SimulatedClock::TimeNow() const {
   return now_;
 }
 
-void SimulatedClock::SleepFor(absl::Duration d) const { SleepUntil(TimeNow() + d); }
+absl::Duration SimulatedClock::MonotonicNow() const {
+  absl::MutexLock lock(&mu_);
+  return mono_;
+}
+
+void SimulatedClock::SleepFor(absl::Duration d) const {
+  // A sleeper is a waiter on a private mutex whose condition never holds.
+  absl::Mutex mu;
+  absl::MutexLock lock(&mu);
+  const bool never = false;
+  AwaitFor(&mu, absl::Condition(&never), d);
+}
 
 void SimulatedClock::SleepUntil(absl::Time wakeup) const {
-  // A sleeper is a waiter on a private mutex whose condition never holds.
   absl::Mutex mu;
   absl::MutexLock lock(&mu);
   const bool never = false;
@@ -254,14 +274,25 @@ void SimulatedClock::SleepUntil(absl::Time wakeup) const {
 
 bool SimulatedClock::AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond,
                                        absl::Time deadline) const {
+  return Await(mu, cond, deadline, std::nullopt);
+}
+
+bool SimulatedClock::AwaitFor(absl::Mutex* mu, const absl::Condition& cond,
+                              absl::Duration timeout) const {
+  return Await(mu, cond, absl::InfinitePast(), timeout);
+}
+
+bool SimulatedClock::Await(absl::Mutex* mu, const absl::Condition& cond, absl::Time deadline,
+                           std::optional<absl::Duration> timeout) const {
   if (cond.Eval()) return true;
   auto waiter = std::make_shared<DeadlineWaiter>(mu);
   WaiterMap::iterator entry;
   {
     // Lock order: the waiter's mutex, then the clock's (never the other way round).
     absl::MutexLock lock(&mu_);
-    if (now_ >= deadline) return false;
-    entry = waiters_.emplace(deadline, waiter);
+    const absl::Duration left = timeout ? *timeout : deadline - now_;
+    if (left <= absl::ZeroDuration()) return false;
+    entry = waiters_.emplace(mono_ + left, waiter);
   }
   return AwaitFiredOrCondition(mu, cond, *waiter, [&] {
     absl::MutexLock lock(&mu_);
@@ -278,8 +309,11 @@ void SimulatedClock::AdvanceTime(absl::Duration d) {
   clock_internal::WaiterList due;
   {
     absl::MutexLock lock(&mu_);
-    if (d > absl::ZeroDuration()) now_ += d;
-    due = TakeDue(waiters_, now_);
+    if (d > absl::ZeroDuration()) {
+      now_ += d;
+      mono_ += d;
+    }
+    due = TakeDue(waiters_, mono_);
   }
   Fire(due);
 }
@@ -288,10 +322,16 @@ void SimulatedClock::SetTime(absl::Time t) {
   clock_internal::WaiterList due;
   {
     absl::MutexLock lock(&mu_);
+    if (t > now_) mono_ += t - now_;
     now_ = t;
-    due = TakeDue(waiters_, now_);
+    due = TakeDue(waiters_, mono_);
   }
   Fire(due);
+}
+
+void SimulatedClock::StepWallTime(absl::Duration d) {
+  absl::MutexLock lock(&mu_);
+  now_ += d;
 }
 
 size_t SimulatedClock::num_waiters() const {
@@ -301,7 +341,7 @@ size_t SimulatedClock::num_waiters() const {
 
 absl::Time SimulatedClock::next_deadline() const {
   absl::MutexLock lock(&mu_);
-  return waiters_.empty() ? absl::InfiniteFuture() : waiters_.begin()->first;
+  return waiters_.empty() ? absl::InfiniteFuture() : now_ + (waiters_.begin()->first - mono_);
 }
 
 }  // namespace stepwatch

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -33,6 +34,15 @@ class Clock {
 
   // TimeNow() as Unix nanoseconds, the unit of the wire format.
   int64_t NowUnixNanos() const { return absl::ToUnixNanos(TimeNow()); }
+
+  // Time since an arbitrary fixed point on the monotonic clock, which a step of the wall clock
+  // (NTP, `date -s`, libfaketime) does not move: schedules, timeouts and windows are measured on
+  // it; TimeNow() is for timestamps.
+  virtual absl::Duration MonotonicNow() const = 0;
+  // AwaitWithDeadline with a deadline `timeout` from now on the monotonic clock
+  // (absl::InfiniteDuration(): no deadline).
+  virtual bool AwaitFor(absl::Mutex* mu, const absl::Condition& cond, absl::Duration timeout) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
 };
 
 namespace clock_internal {
@@ -60,6 +70,10 @@ class RealClock final : public Clock {
   void SleepUntil(absl::Time wakeup) const override;
   bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond, absl::Time deadline) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) override;
+  // std::chrono::steady_clock (CLOCK_MONOTONIC).
+  absl::Duration MonotonicNow() const override;
+  bool AwaitFor(absl::Mutex* mu, const absl::Condition& cond, absl::Duration timeout) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) override;
 
  private:
   // Its thread starts with the first wait that has a finite deadline.
@@ -68,11 +82,13 @@ class RealClock final : public Clock {
 // The earlier name of RealClock, kept for the callers that only read the time.
 using SystemClock = RealClock;
 
-// A clock whose time moves only by AdvanceTime/SetTime. Sleepers, and AwaitWithDeadline waiters
-// whose condition is still false, wake once the time reaches their deadline; a waiter whose
-// condition becomes true wakes on the next unlock of its mutex, as with absl::Mutex, without any
-// change of time. A waiter's mutex is never locked while the clock's own lock is held, so code
-// may read the time with its own lock held.
+// A clock whose time moves only by AdvanceTime/SetTime/StepWallTime. It keeps a wall time and a
+// monotonic time; every wait is measured on the monotonic one, a wall-clock deadline being turned
+// into "this long from now" when the wait starts, as RealClock does. Sleepers, and
+// AwaitWithDeadline waiters whose condition is still false, wake once the time reaches their
+// deadline; a waiter whose condition becomes true wakes on the next unlock of its mutex, as with
+// absl::Mutex, without any change of time. A waiter's mutex is never locked while the clock's own
+// lock is held, so code may read the time with its own lock held.
 class SimulatedClock : public Clock {
  public:
   explicit SimulatedClock(absl::Time start = absl::FromUnixSeconds(1'700'000'000));
@@ -86,11 +102,19 @@ class SimulatedClock : public Clock {
   bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond, absl::Time deadline) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) override;
 
-  // Moves the time forward by `d` (ignored when negative) and wakes whoever it reached; returns
+  absl::Duration MonotonicNow() const override;
+  bool AwaitFor(absl::Mutex* mu, const absl::Condition& cond, absl::Duration timeout) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) override;
+
+  // Moves both times forward by `d` (ignored when negative) and wakes whoever it reached; returns
   // once every woken AwaitWithDeadline waiter has been told (it may not have run yet).
   void AdvanceTime(absl::Duration d);
-  // Sets the time, also backwards (nobody wakes then).
+  // Sets the wall time, also backwards. Forwards, the monotonic time moves as much (time passed);
+  // backwards it stays (nobody wakes then).
   void SetTime(absl::Time t);
+  // Steps the wall time alone by `d` (either sign), as NTP or an operator does: the monotonic
+  // time, and so every wait, is unaffected and nobody wakes.
+  void StepWallTime(absl::Duration d);
 
   // Threads blocked in SleepFor/SleepUntil/AwaitWithDeadline with a deadline not yet reached,
   // so that a test can advance time once the code under test is actually waiting.
@@ -99,11 +123,17 @@ class SimulatedClock : public Clock {
   absl::Time next_deadline() const;
 
  private:
-  using WaiterMap = std::multimap<absl::Time, std::shared_ptr<clock_internal::DeadlineWaiter>>;
+  using WaiterMap = std::multimap<absl::Duration, std::shared_ptr<clock_internal::DeadlineWaiter>>;
+
+  // Registers a waiter whose monotonic deadline is `timeout` after now, or `deadline` on the wall
+  // clock when `timeout` is unset.
+  bool Await(absl::Mutex* mu, const absl::Condition& cond, absl::Time deadline,
+             std::optional<absl::Duration> timeout) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   mutable absl::Mutex mu_;
   absl::Time now_ ABSL_GUARDED_BY(mu_);
-  // Registered AwaitWithDeadline waiters and sleepers, by deadline.
+  absl::Duration mono_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  // Registered AwaitWithDeadline waiters and sleepers, by monotonic deadline.
   mutable WaiterMap waiters_ ABSL_GUARDED_BY(mu_);
 };
 

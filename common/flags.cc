@@ -5,14 +5,13 @@
 #include <iostream>
 #include <set>
 
-#include "absl/flags/internal/program_name.h"
-#include "absl/flags/internal/usage.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/help.h"
 
 namespace stepwatch {
 namespace {
@@ -45,6 +44,13 @@ std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const FlagsSpec
     return absl::EndsWith(file, main_file);
   };
   usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  // Abseil's --helpon and --helpmatch: "agent/main.cc", not the build machine's absolute path.
+  usage_config.normalize_filename = [](absl::string_view file) {
+    const size_t last = file.rfind('/');
+    const size_t dir = last == absl::string_view::npos || last == 0 ? absl::string_view::npos
+                                                                    : file.rfind('/', last - 1);
+    return std::string(dir == absl::string_view::npos ? file : file.substr(dir + 1));
+  };
   const std::string version = absl::StrCat(spec.program, " ", spec.version, "\n");
   usage_config.version_string = [version] { return version; };
   absl::SetFlagsUsageConfig(usage_config);
@@ -74,11 +80,10 @@ std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const FlagsSpec
     }
     const bool has_value = eq != std::string::npos;
     std::string value = has_value ? arg.substr(eq + 1) : std::string();
-    if ((name == "help" || name == "helpshort") && !has_value) {
-      // Abseil exits with status 1 after --help; asking for help is not an error.
-      absl::flags_internal::SetProgramInvocationName(spec.program);
-      absl::flags_internal::FlagsHelp(std::cout, spec.main_file,
-                                      absl::flags_internal::HelpFormat::kHumanReadable, spec.usage);
+    if ((name == "help" || name == "helpshort" || name == "helpfull") && !has_value) {
+      // Abseil exits with status 1 after --help; asking for help is not an error. Our own text:
+      // Abseil's names flags with underscores and prints the build machine's source paths.
+      std::cout << FormatFlagsHelp(spec);
       std::cout.flush();
       std::exit(0);
     }

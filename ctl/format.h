@@ -50,7 +50,8 @@ struct WhatIfSummary {
 };
 WhatIfSummary SummarizeWhatIf(const v1::ExplainResponse& explain);
 
-// Machine-readable form: proto3 JSON with the .proto field names and default values printed.
+// Machine-readable form: proto3 JSON with the .proto field names and default values printed,
+// 64-bit integers as numbers (proto3 JSON quotes them), as report --json prints them.
 absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message);
 
 }  // namespace stepwatch::ctl

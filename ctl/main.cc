@@ -25,6 +25,7 @@
 #include "ctl/report_format.h"
 #include "grpcpp/grpcpp.h"
 #include "security/client_security.h"
+#include "security/tls_errors.h"
 #include "stepwatch/v1/stepwatch.grpc.pb.h"
 
 ABSL_FLAG(std::string, tls_ca, "",
@@ -44,7 +45,8 @@ ABSL_FLAG(int, replicas, 2,
           "How many collectors hold each job (the agents' --replicas): a command about one job "
           "asks its first R owners, and the next ones in its order for each that does not answer "
           "or does not know the job.");
-ABSL_FLAG(bool, json, false, "Print the answer as JSON (proto3 JSON, .proto field names).");
+ABSL_FLAG(bool, json, false,
+          "Print the answer as JSON (.proto field names, defaults printed, integers as numbers).");
 ABSL_FLAG(double, timeout, 3,
           "Seconds to wait for each collector before giving up on it (they are asked at once).");
 
@@ -89,7 +91,12 @@ int Usage(const std::string& message) {
 std::string DescribeFailure(const std::string& address, const grpc::Status& s) {
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
       s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-    return absl::StrCat("cannot reach collector at ", address, ": ", s.error_message());
+    // gRPC often says only "Socket closed" for a refused handshake: name the likely cause.
+    const std::string cause = stepwatch::security::ExplainTlsFailure(
+        s.error_message(),
+        {!absl::GetFlag(FLAGS_tls_ca).empty(), !absl::GetFlag(FLAGS_tls_cert).empty()});
+    return absl::StrCat("cannot reach collector at ", address, ": ", s.error_message(),
+                        cause.empty() ? "" : absl::StrCat(" (likely cause: ", cause, ")"));
   }
   if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
       s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
@@ -118,6 +125,8 @@ struct Session {
   std::vector<std::string> collectors;
   int replicas = 1;
   bool json = false;
+  // --collector=dns:///NAME:PORT: every collector NAME resolves to is in `collectors`.
+  bool dns = false;
   const ctl::CollectorClients* clients = nullptr;
 
   // With one collector the output stays what it always was; with several it names who answered.
@@ -203,18 +212,38 @@ std::optional<int> AskEveryone(const Session& session, const Request& request,
   return std::nullopt;
 }
 
+// Which collectors were asked about a job none of them knows, and, where the user named them one by
+// one, how to ask every collector: a job lives on only --replicas of them, and a list of some of
+// them (a port-forward to one pod) misses the others' jobs.
+std::string AskedOnly(const Session& session, const std::string& asked) {
+  if (session.dns) return "";
+  return absl::StrCat(" on ",
+                      session.several() ? "the collectors asked (" : "the collector asked (", asked,
+                      "); each job lives on --replicas of the collectors: to ask every one, give "
+                      "them all, --collector=HOST:PORT,HOST:PORT,..., or "
+                      "--collector=dns:///NAME:PORT");
+}
+
 // A command about one job: its owners, in its rendezvous order, past those that do not answer or
 // do not know it. On success fills `ok` with the answers of those that know the job and `footer`;
-// else returns the exit code.
+// else returns the exit code. `finished`, when given, says whether those collectors hold a
+// report of the job (it ended): then the error points to `stepwatchctl report JOB`.
 template <typename Response>
 std::optional<int> AskOwners(
     const Session& session, const std::string& job,
     const std::function<std::vector<Answer<Response>>(const std::vector<std::string>&)>& ask,
-    std::vector<Response>* ok, std::string* footer) {
+    std::vector<Response>* ok, std::string* footer,
+    const std::function<bool(const std::vector<std::string>&)>& finished = nullptr) {
   ctl::OwnersAnswers<Response> owners = ctl::AskOwners<Response>(
       stepwatch::RendezvousOrder(job, session.collectors), session.replicas, ask);
   if (owners.known.empty()) {
     if (owners.unknown.empty()) return FailNoAnswer(session, owners.failed);
+    std::vector<std::string> answered;
+    for (const Answer<Response>& a : owners.unknown) answered.push_back(a.collector);
+    if (finished && finished(answered)) {
+      return Fail(absl::StrCat("job \"", job, "\" has ended: its report says what it had, run `",
+                               "stepwatchctl report ", job, "`"));
+    }
     // What the collector says about an unknown job (NOT_FOUND), else what stepwatchctl says.
     std::string message = absl::StrCat("no job named \"", job, "\"");
     for (const Answer<Response>& a : owners.unknown) {
@@ -223,7 +252,8 @@ std::optional<int> AskOwners(
         break;
       }
     }
-    if (owners.failed.empty()) return Fail(message);
+    if (owners.failed.empty())
+      return Fail(message + AskedOnly(session, Collectors(owners.unknown)));
     return Fail(absl::StrCat(message, " on the collectors that answered (",
                              Collectors(owners.unknown),
                              "); not answering: ", Collectors(owners.failed)));
@@ -254,6 +284,19 @@ const ReportCall kReport = [](auto* stub, grpc::ClientContext* c, const v1::Repo
                               v1::ReportResponse* out, std::function<void(grpc::Status)> done) {
   stub->Report(c, r, out, std::move(done));
 };
+
+// Whether any of `collectors` holds a report of `job`: it ran and ended.
+std::function<bool(const std::vector<std::string>&)> HasReport(const Session& session,
+                                                               const std::string& job) {
+  return [&session, job](const std::vector<std::string>& collectors) {
+    v1::ReportRequest request;
+    request.set_job(job);
+    for (const Answer<v1::ReportResponse>& a : session.clients->Ask(collectors, request, kReport)) {
+      if (a.status.ok() && a.response.report().job() == job) return true;
+    }
+    return false;
+  };
+}
 
 bool ListsJob(const v1::StatusResponse& status, const std::string& job) {
   for (const v1::JobStatus& j : status.jobs()) {
@@ -287,7 +330,10 @@ int RunStatus(const Session& session, const std::vector<std::string>& rest) {
     }
     return answers;
   };
-  if (auto rc = AskOwners<v1::StatusResponse>(session, job, ask, &answers, &footer)) return *rc;
+  if (auto rc = AskOwners<v1::StatusResponse>(session, job, ask, &answers, &footer,
+                                              HasReport(session, job))) {
+    return *rc;
+  }
   return Print(session, ctl::MergeStatus(answers), ctl::FormatJobs, footer);
 }
 
@@ -335,7 +381,10 @@ int RunFindings(const Session& session, const std::vector<std::string>& rest) {
     }
     return answers;
   };
-  if (auto rc = AskOwners<v1::FindingsResponse>(session, job, ask, &answers, &footer)) return *rc;
+  if (auto rc = AskOwners<v1::FindingsResponse>(session, job, ask, &answers, &footer,
+                                                HasReport(session, job))) {
+    return *rc;
+  }
   return Print(session, ctl::MergeFindings(answers), ctl::FormatFindings, footer);
 }
 
@@ -347,7 +396,10 @@ int RunExplain(const Session& session, const std::string& job) {
     request.set_job(job);
     return session.clients->Ask(round, request, kExplain);
   };
-  if (auto rc = AskOwners<v1::ExplainResponse>(session, job, ask, &answers, &footer)) return *rc;
+  if (auto rc = AskOwners<v1::ExplainResponse>(session, job, ask, &answers, &footer,
+                                               HasReport(session, job))) {
+    return *rc;
+  }
   return Print(
       session, ctl::MergeExplain(answers),
       [](const v1::ExplainResponse& r) { return ctl::FormatExplain(r); }, footer);
@@ -438,6 +490,7 @@ int main(int argc, char** argv) {
   session.collectors = *collectors;
   session.replicas = ctl::EffectiveReplicas(absl::GetFlag(FLAGS_replicas), collectors->size());
   session.json = absl::GetFlag(FLAGS_json);
+  session.dns = targets->is_dns();
   session.clients = &clients;
   if (command == "status") return RunStatus(session, rest);
   if (command == "findings") return RunFindings(session, rest);

@@ -1,5 +1,6 @@
 #include "ctl/report_format.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -81,6 +82,45 @@ std::string StringList(const google::protobuf::RepeatedPtrField<std::string>& li
   return absl::StrCat("[", absl::StrJoin(quoted, ", "), "]");
 }
 
+// Steps strictly between the gap's ends: -1 while the job has not reported again.
+int64_t MissingSteps(const v1::ReportGap& g) {
+  if (g.before_step() < 0) return -1;
+  return std::max<int64_t>(0, g.before_step() - g.after_step() - 1);
+}
+
+std::string GapJson(const v1::ReportGap& g) {
+  return absl::StrCat("{\"cause\": ", json::Quote(g.cause()), ", \"after_step\": ", g.after_step(),
+                      ", \"before_step\": ", g.before_step(), ", \"missing_steps\": ",
+                      MissingSteps(g) < 0 ? "null" : absl::StrCat(MissingSteps(g)),
+                      ", \"from_time\": ", TimeOrNull(g.from_unix_nanos()),
+                      ", \"to_time\": ", TimeOrNull(g.to_unix_nanos()), "}");
+}
+
+// What a report lacks, for people: one line per gap, and whether it is on disk.
+std::string Caveats(const v1::JobReport& r) {
+  std::string out;
+  if (r.unsaved()) {
+    out +=
+        "Not saved yet: the collector cannot write it under its --state-dir (disk full or "
+        "failing); kept in memory and retried, lost if the collector stops first\n";
+  }
+  for (const v1::ReportGap& g : r.gaps()) {
+    absl::StrAppend(&out, "Partial: the collector restarted after step ", g.after_step(), " (",
+                    HumanTime(g.from_unix_nanos()), "); ");
+    if (g.before_step() < 0) {
+      out += "the job has not reported since\n";
+    } else if (MissingSteps(g) == 0) {
+      absl::StrAppend(&out, "seen again from step ", g.before_step(), " (",
+                      HumanTime(g.to_unix_nanos()), "), no step missing\n");
+    } else {
+      absl::StrAppend(&out, "steps ", g.after_step() + 1, "..", g.before_step() - 1, " (",
+                      MissingSteps(g), ") are missing from this report, seen again from step ",
+                      g.before_step(), " (", HumanTime(g.to_unix_nanos()), ")\n");
+    }
+  }
+  return out;
+}
+
 std::string FindingJson(const v1::Finding& f) {
   std::vector<std::string> causes;
   for (const std::string& c : f.causes()) causes.push_back(json::Quote(c));
@@ -138,7 +178,16 @@ std::string ReportMembers(const v1::JobReport& r, bool with_findings, const std:
       {"sections_folded", absl::StrCat(r.sections_folded())},
       {"finding_count", absl::StrCat(r.finding_count())},
       {"findings_dropped", absl::StrCat(r.findings_dropped())},
+      {"unsaved", r.unsaved() ? "true" : "false"},
+      {"partial", r.gaps().empty() ? "false" : "true"},
   };
+  {
+    std::string gaps = "[";
+    for (int i = 0; i < r.gaps_size(); ++i) {
+      absl::StrAppend(&gaps, i == 0 ? "" : ", ", GapJson(r.gaps(i)));
+    }
+    m.emplace_back("gaps", gaps + "]");
+  }
   if (with_findings) {
     std::string list = "[";
     for (int i = 0; i < r.findings_size(); ++i) {
@@ -163,6 +212,7 @@ std::string FormatReport(const v1::JobReport& r) {
   if (r.end_reason() == "expired") out += " (silent, forgotten after --expire)";
   absl::StrAppend(&out, ", ", r.world_size(), " ranks, steps ",
                   Steps(r.first_step(), r.last_step()), "\n");
+  out += Caveats(r);
   absl::StrAppend(&out, "Started ", HumanTime(r.start_unix_nanos()));
   if (r.end_unix_nanos() > 0) {
     const absl::Duration took = absl::Nanoseconds(r.end_unix_nanos() - r.start_unix_nanos());
@@ -242,11 +292,15 @@ std::string FormatReport(const v1::JobReport& r) {
 std::string FormatReportList(const v1::ReportResponse& response) {
   if (response.reports().empty()) return "No job reports.\n";
   std::vector<std::vector<std::string>> rows = {
-      {"JOB", "STATE", "WORLD", "STEPS", "ENDED", "FINDINGS"}};
+      {"JOB", "STATE", "WORLD", "STEPS", "ENDED", "FINDINGS", "NOTE"}};
   for (const v1::JobReport& r : response.reports()) {
+    std::vector<std::string> notes;
+    if (r.unsaved()) notes.push_back("unsaved");
+    if (!r.gaps().empty()) notes.push_back("partial");
     rows.push_back({r.job(), r.state(), absl::StrCat(r.world_size()),
                     Steps(r.first_step(), r.last_step()), HumanTime(r.end_unix_nanos()),
-                    absl::StrCat(r.finding_count())});
+                    absl::StrCat(r.finding_count()),
+                    notes.empty() ? "-" : absl::StrJoin(notes, ",")});
   }
   return FormatTable(rows);
 }

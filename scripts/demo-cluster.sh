@@ -9,6 +9,9 @@
 #                              2 of them (--replicas=2) and stepwatchctl asks and merges them
 #   STEPWATCH_DEMO_PROMETHEUS  1: also run `prometheus` (or this path to it) with the demo's scrape
 #                              config and the shipped rules, on a free loopback port
+#   STEPWATCH_DEMO_ALERT_FOR   the `for:` of the demo's copy of the alert rules (default 30s): the
+#                              shipped alerts wait 1 to 15 minutes before they fire, longer than
+#                              a short demo runs
 # Each agent serves its node's raw view (every GPU and host reading) on its own /metrics, as in a
 # real deployment; $RUN_DIR/prometheus.yml scrapes the collector and every agent, with the shipped
 # rules, so the Grafana dashboards are full.
@@ -90,10 +93,16 @@ done
 
 # Prometheus scrape config for the demo: the collector (findings, jobs, ranks) and every agent (the
 # raw node view), as deploy/prometheus/prometheus.yml does for a real cluster.
+# The alert rules are a copy whose non-zero `for:` are shortened to $alert_for, so that alerts
+# fire while the demo runs; the recording rules are the shipped ones.
 rules="$(pwd)/deploy/prometheus/rules"
+alert_for="${STEPWATCH_DEMO_ALERT_FOR:-30s}"
+mkdir -p "$run_dir/rules"
+sed -E "s/^( *for: )[1-9][0-9]*m$/\\1${alert_for}/" "$rules/stepwatch-alerts.yml" \
+  >"$run_dir/rules/stepwatch-alerts.yml"
 {
   echo "global: {scrape_interval: 5s, evaluation_interval: 5s}"
-  echo "rule_files: [\"$rules/stepwatch-recording.yml\", \"$rules/stepwatch-alerts.yml\"]"
+  echo "rule_files: [\"$rules/stepwatch-recording.yml\", \"$run_dir/rules/stepwatch-alerts.yml\"]"
   echo "scrape_configs:"
   echo "  - job_name: stepwatch-collector"
   echo "    honor_labels: true"
@@ -115,7 +124,9 @@ if [ -n "$prometheus_bin" ]; then
   pids+=($!)
   echo "demo: Prometheus http://$prometheus_addr"
   prometheus_hint="
-Prometheus: http://$prometheus_addr (point Grafana at it and import deploy/grafana/dashboards)"
+Prometheus: http://$prometheus_addr (point Grafana at it and import deploy/grafana/dashboards)
+Alerts fire after ${alert_for} here: the demo's copy of the rules ($run_dir/rules) shortens their
+for: (the shipped ones wait 1 to 15 minutes, longer than a short demo runs)"
 fi
 
 ctl=("$build/ctl/stepwatchctl" --collector="$grpc")

@@ -7,10 +7,10 @@ namespace stepwatch::security {
 absl::StatusOr<ClientSecurity> MakeClientSecurity(const ClientTlsConfig& tls,
                                                   const std::string& token_file) {
   ClientSecurity out;
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      MakeChannelCredentials(tls);
-  if (!credentials.ok()) return credentials.status();
-  out.credentials = *std::move(credentials);
+  absl::StatusOr<ChannelTls> channel = MakeChannelCredentials(tls);
+  if (!channel.ok()) return channel.status();
+  out.credentials = std::move(channel->credentials);
+  out.identity = std::move(channel->identity);
   if (!token_file.empty()) {
     absl::StatusOr<std::unique_ptr<TokenSource>> token = TokenSource::Open(token_file);
     if (!token.ok()) {

@@ -14,6 +14,8 @@ namespace stepwatch::security {
 struct ClientSecurity {
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // never null (plaintext when no TLS)
   std::shared_ptr<TokenSource> token;                     // null when no token file is given
+  // The checked client certificate gRPC reads: must live as long as `credentials`.
+  std::shared_ptr<CheckedKeyCertPair> identity;
 };
 
 // InvalidArgument naming the flag when a file is missing or malformed.

@@ -1,6 +1,7 @@
 #include "security/http_basic_auth.h"
 
 #include <crypt.h>
+#include <sys/stat.h>
 
 #include <memory>
 
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/file.h"
+#include "openssl/sha.h"
 #include "security/tokens.h"
 
 namespace stepwatch::security {
@@ -30,36 +32,104 @@ std::optional<BasicCredentials> ParseBasicAuthorization(absl::string_view value)
   return BasicCredentials{decoded.substr(0, colon), decoded.substr(colon + 1)};
 }
 
+namespace {
+
+std::string Sha256(absl::string_view data) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest);
+  return std::string(reinterpret_cast<const char*>(digest), sizeof(digest));
+}
+
+}  // namespace
+
+BasicAuthUsers::FileId BasicAuthUsers::Stat(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return FileId{};
+  return FileId{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                static_cast<uint64_t>(st.st_size),
+                static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
+}
+
 absl::Status BasicAuthUsers::Load() {
   absl::MutexLock lock(&mu_);
   return LoadLocked();
 }
 
-bool BasicAuthUsers::Verify(const std::string& user, const std::string& password) {
+BasicAuthUsers::Stats BasicAuthUsers::stats() const {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = LoadLocked(); !s.ok()) {
-    uint64_t suppressed = 0;
-    if (log_limiter_.Allow(&suppressed)) {
-      SW_LOG_WARNING << "metrics basic auth file not reloaded, previous users stay: " << s;
-    }
+  return stats_;
+}
+
+bool BasicAuthUsers::VerifyCached(absl::string_view authorization) {
+  const std::string key = Sha256(authorization);
+  const FileId id = Stat(path_);
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  // A changed file may have removed the user: only Verify(), which re-reads it, may answer.
+  if (!(id == loaded_id_)) return false;
+  auto it = verdicts_.find(key);
+  if (it == verdicts_.end()) return false;
+  if (now - it->second > kVerdictTtl) {
+    verdicts_.erase(it);
+    return false;
   }
-  auto it = users_.find(user);
-  if (it == users_.end()) return false;
-  User& u = it->second;
-  if (!u.verified.empty()) return ConstantTimeEquals(u.verified, password);
+  ++stats_.cached;
+  return true;
+}
+
+bool BasicAuthUsers::Verify(absl::string_view authorization) {
+  std::optional<BasicCredentials> credentials = ParseBasicAuthorization(authorization);
+  std::string hash;
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = LoadLocked(); !s.ok()) {
+      uint64_t suppressed = 0;
+      if (log_limiter_.Allow(&suppressed)) {
+        SW_LOG_WARNING << "metrics basic auth file not reloaded, previous users stay: " << s;
+      }
+    }
+    auto it = credentials.has_value() ? users_.find(credentials->user) : users_.end();
+    if (it == users_.end()) {
+      ++stats_.refused;
+      return false;
+    }
+    hash = it->second;
+  }
+  // Without the lock: a slow wrong password must not hold up anyone else.
   // crypt_data is 32 KiB: on the heap, not on a worker's stack.
   auto data = std::make_unique<crypt_data>();
-  const char* hashed = crypt_r(password.c_str(), u.hash.c_str(), data.get());
-  if (hashed == nullptr || hashed[0] == '*' || !ConstantTimeEquals(hashed, u.hash)) return false;
-  u.verified = password;
+  const char* hashed = crypt_r(credentials->password.c_str(), hash.c_str(), data.get());
+  const bool ok = hashed != nullptr && hashed[0] != '*' && ConstantTimeEquals(hashed, hash);
+  absl::MutexLock lock(&mu_);
+  if (!ok) {
+    ++stats_.refused;
+    return false;
+  }
+  ++stats_.verified;
+  // Only while the hash checked is still the user's (the file may have changed meanwhile).
+  auto it = users_.find(credentials->user);
+  if (it == users_.end() || it->second != hash) return true;
+  if (verdicts_.size() >= kMaxCachedVerdicts) {
+    auto oldest = verdicts_.begin();
+    for (auto v = verdicts_.begin(); v != verdicts_.end(); ++v) {
+      if (v->second < oldest->second) oldest = v;
+    }
+    verdicts_.erase(oldest);
+  }
+  verdicts_[Sha256(authorization)] = absl::Now();
   return true;
 }
 
 absl::Status BasicAuthUsers::LoadLocked() {
+  // Stat first: a change after it leaves loaded_id_ stale, which only sends VerifyCached() here.
+  const FileId id = Stat(path_);
   absl::StatusOr<std::string> text = ReadFile(path_, 1 << 20);
   if (!text.ok()) return absl::InvalidArgumentError(text.status().message());
-  if (*text == loaded_text_) return absl::OkStatus();
-  std::map<std::string, User> users;
+  if (*text == loaded_text_) {
+    loaded_id_ = id;
+    return absl::OkStatus();
+  }
+  std::map<std::string, std::string> users;
   int line_number = 0;
   for (absl::string_view line : absl::StrSplit(*text, '\n')) {
     ++line_number;
@@ -72,11 +142,13 @@ absl::Status BasicAuthUsers::LoadLocked() {
       return absl::InvalidArgumentError(
           absl::StrCat(path_, " line ", line_number, ": expected USER:BCRYPT_HASH"));
     }
-    users[std::string(line.substr(0, colon))].hash = std::string(line.substr(colon + 1));
+    users[std::string(line.substr(0, colon))] = std::string(line.substr(colon + 1));
   }
   if (users.empty()) return absl::InvalidArgumentError(absl::StrCat(path_, ": no users"));
   users_ = std::move(users);
   loaded_text_ = *std::move(text);
+  loaded_id_ = id;
+  verdicts_.clear();
   return absl::OkStatus();
 }
 

@@ -155,14 +155,18 @@ class MetricsEndpoint::Impl {
       return;
     }
     const std::string* authorization = request.Header("authorization");
-    std::optional<BasicCredentials> credentials =
-        authorization == nullptr ? std::nullopt : ParseBasicAuthorization(*authorization);
-    if (!credentials.has_value()) {
+    if (authorization == nullptr || !ParseBasicAuthorization(*authorization).has_value()) {
       responder.Send(Unauthorized());
       return;
     }
-    const bool queued = auth_pool_->TrySubmit([this, c = *std::move(credentials), responder] {
-      if (users_->Verify(c.user, c.password)) {
+    // A credential verified before is answered here, never queued behind the bcrypt work of a
+    // flood of wrong passwords.
+    if (users_->VerifyCached(*authorization)) {
+      Render(responder);
+      return;
+    }
+    const bool queued = auth_pool_->TrySubmit([this, a = *authorization, responder] {
+      if (users_->Verify(a)) {
         Render(responder);
       } else {
         responder.Send(Unauthorized());
@@ -206,6 +210,24 @@ class MetricsEndpoint::Impl {
          EndpointFamilies(server == nullptr ? HttpServerStats() : server->stats(),
                           render_stats.renders, render_stats.last_render_seconds)) {
       families.push_back(std::move(f));
+    }
+    if (users_ != nullptr) {
+      const BasicAuthUsers::Stats a = users_->stats();
+      std::vector<ClientMetric> checks;
+      for (const auto& [result, value] : {std::pair<const char*, uint64_t>{"cached", a.cached},
+                                          {"verified", a.verified},
+                                          {"refused", a.refused}}) {
+        checks.push_back(
+            Sample(static_cast<double>(value), MetricType::Counter, {{"result", result}}));
+      }
+      families.push_back(Family("stepwatch_metrics_http_auth_checks_total",
+                                "Basic-auth credentials checked, by result: cached (verified "
+                                "before, no bcrypt), verified and refused (bcrypt ran, or an "
+                                "unknown user).",
+                                MetricType::Counter, std::move(checks)));
+    }
+    if (options_.extra_families) {
+      for (MetricFamily& f : options_.extra_families()) families.push_back(std::move(f));
     }
     return families;
   }

@@ -5,11 +5,14 @@
 // threads. No TLS: terminate it in a sidecar in front (docs/security.md).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
 
 namespace stepwatch::security {
 
@@ -30,6 +33,9 @@ struct MetricsEndpointOptions {
   // "USER:BCRYPT_HASH" lines (htpasswd -B, mkpasswd -m bcrypt); re-read when it changes. Empty:
   // no authentication.
   std::string basic_auth_file;
+  // More families served with the endpoint's own (e.g. the collector's TLS reload counters);
+  // called on the renderer's thread.
+  std::function<std::vector<prometheus::MetricFamily>()> extra_families;
 };
 
 class BasicAuthUsers;

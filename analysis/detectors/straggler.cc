@@ -647,6 +647,7 @@ void StragglerDetector::Evaluate(const JobView& view, const DetectorState* state
     f.stage = r.pp_stage;
     const GpuInfo* g = view.registry.GpuOf(r);
     f.gpu = r.gpu >= 0 ? r.gpu : (r.local_rank >= 0 ? r.local_rank : (g ? g->last.index : -1));
+    f.gpu_is_local_rank = r.gpu < 0 && r.local_rank >= 0 && g == nullptr;
     f.since_step = sc->flagged_since_step;
     f.since_unix_nanos = sc->flagged_since_nanos;
     f.persistent = sc->flagged_steps >= view.options.persistent_steps;

@@ -4,18 +4,63 @@
 # steps it started and cleared at, efficiency, time breakdown, what-ifs) to
 # ${STEPWATCH_REPORT_DIR}/<job>.txt and, for programs, <job>.json, so that users can read why their
 # job was slow after it ended. The collector keeps the report too (`stepwatchctl report JOB`, for
-# --report-retention). It never fails: a missing collector only means no saved report.
+# --report-retention).
+# It reads the agent's configuration, the systemd unit's EnvironmentFile
+# (/etc/default/stepwatch-agent): the same collectors (STEPWATCH_COLLECTOR, every one: the job may
+# be on any 2 of them) and TLS directory (STEPWATCH_TLS_DIR), and STEPWATCH_REPORT_TOKEN_FILE, a
+# `reader` token where the collectors want tokens (the agent's own token may only report).
+# Variables set in the epilog's environment win over the file.
+# It never fails the job: a failing Epilog would drain the node. When no report can be saved it
+# logs why (syslog, tag stepwatch, priority user.err, and stderr, which slurmd logs), writes the
+# reason to <job>.error in the report directory, and exits 0.
 set -u
 
-report_dir="${STEPWATCH_REPORT_DIR:-/var/log/stepwatch}"
-collector="${STEPWATCH_COLLECTOR:-stepwatch-collector:7070}"
-ctl="${STEPWATCHCTL:-/usr/local/bin/stepwatchctl}"
+# The unit's defaults (deploy/systemd/stepwatch-agent.service, Environment=).
+collector="stepwatch-collector:7070"
+tls_dir="/etc/stepwatch/tls"
+token_file=""
+report_dir="/var/log/stepwatch"
 # Seconds to wait for the collector to see the job's processes exit (its agents notice within one
 # --interval), so that the saved report is the final one.
-wait_s="${STEPWATCH_REPORT_WAIT:-15}"
+wait_s=15
+env_file="${STEPWATCH_AGENT_ENV_FILE:-/etc/default/stepwatch-agent}"
+if [ -r "$env_file" ]; then
+  # KEY=VALUE lines as systemd reads them (optionally quoted); not sourced: only these keys count.
+  while IFS= read -r line || [ -n "$line" ]; do
+    case "$line" in
+    '#'* | '') continue ;;
+    esac
+    key="${line%%=*}"
+    value="${line#*=}"
+    case "$value" in
+    \"*\") value="${value:1:${#value}-2}" ;;
+    \'*\') value="${value:1:${#value}-2}" ;;
+    esac
+    case "$key" in
+    STEPWATCH_COLLECTOR) collector="$value" ;;
+    STEPWATCH_TLS_DIR) tls_dir="$value" ;;
+    STEPWATCH_REPORT_TOKEN_FILE) token_file="$value" ;;
+    STEPWATCH_REPORT_DIR) report_dir="$value" ;;
+    STEPWATCH_REPORT_WAIT) wait_s="$value" ;;
+    esac
+  done <"$env_file"
+fi
+collector="${STEPWATCH_COLLECTOR:-$collector}"
+tls_dir="${STEPWATCH_TLS_DIR:-$tls_dir}"
+token_file="${STEPWATCH_REPORT_TOKEN_FILE:-${STEPWATCH_AUTH_TOKEN_FILE:-$token_file}}"
+report_dir="${STEPWATCH_REPORT_DIR:-$report_dir}"
+wait_s="${STEPWATCH_REPORT_WAIT:-$wait_s}"
+ctl="${STEPWATCHCTL:-/usr/local/bin/stepwatchctl}"
+
+# Logs to syslog and stderr.
+log() { # log PRIORITY MESSAGE
+  echo "stepwatch epilog: $2" >&2
+  logger -t stepwatch -p "user.$1" -- "epilog: $2" 2>/dev/null || true
+}
+
 # The collector requires mutual TLS (docs/security.md): use the CA and this node's certificate
-# that the agent's systemd unit uses, and a reader token where the collector also wants tokens.
-tls_dir="${STEPWATCH_TLS_DIR:-/etc/stepwatch/tls}"
+# that the agent's systemd unit uses (%H.pem: the host name), and a reader token where the
+# collector also wants tokens.
 ctl_args=(--collector="$collector")
 if [ -r "${tls_dir}/ca.pem" ]; then
   ctl_args+=(--tls-ca="${tls_dir}/ca.pem")
@@ -24,8 +69,8 @@ if [ -r "${tls_dir}/ca.pem" ]; then
     ctl_args+=(--tls-cert="${node_cert}.pem" --tls-key="${node_cert}.key")
   fi
 fi
-if [ -n "${STEPWATCH_AUTH_TOKEN_FILE:-}" ]; then
-  ctl_args+=(--auth-token-file="${STEPWATCH_AUTH_TOKEN_FILE}")
+if [ -n "$token_file" ]; then
+  ctl_args+=(--auth-token-file="$token_file")
 fi
 
 first_node="$(scontrol show hostnames "${SLURM_JOB_NODELIST:-}" 2>/dev/null | head -n 1)"
@@ -46,25 +91,47 @@ else
   job="$(printf '%s-%s' "${SLURM_JOB_NAME:-slurm}" "$id" | tr -c 'A-Za-z0-9._:-' '_')"
 fi
 
-mkdir -p "$report_dir" 2>/dev/null || exit 0
+# For the logs: a user's job id may hold control characters (a forged log line).
+shown="$(printf '%s' "$job" | tr -c '[:print:]' '?')"
+if ! mkdir -p "$report_dir" 2>/dev/null; then
+  log err "no report saved for job ${shown}: cannot create ${report_dir}"
+  exit 0
+fi
 # A user's own STEPWATCH_JOB may hold any character: keep the file names to safe ones.
 file="${report_dir}/$(printf '%s' "$job" | tr -c 'A-Za-z0-9._:-' '_')"
 json="${file}.json"
+# Says why there is no report, in the logs and next to where it would be; exits 0.
+fail() {
+  rm -f "$json" "${file}.txt"
+  log err "no report saved for job ${shown} (collectors ${collector}): $1"
+  printf 'stepwatch epilog: no report saved for job %s (collectors %s): %s\n' "$shown" \
+    "$collector" "$1" >"${file}.error" 2>/dev/null || true
+  exit 0
+}
 deadline=$((SECONDS + wait_s))
+error=""
 while :; do
-  if timeout 10 "$ctl" "${ctl_args[@]}" report "$job" --json >"$json" 2>/dev/null &&
-    grep -q '"state": "finished"' "$json"; then
-    break
+  if error="$(timeout 10 "$ctl" "${ctl_args[@]}" report "$job" --json 2>&1 >"$json")"; then
+    error=""
+    if grep -q '"state": "finished"' "$json"; then
+      break
+    fi
   fi
   if [ "$SECONDS" -ge "$deadline" ]; then
     break
   fi
   sleep 1
 done
-if [ -s "$json" ] && timeout 10 "$ctl" "${ctl_args[@]}" report "$job" \
-  >"${file}.txt" 2>&1; then
-  exit 0
+if [ -n "$error" ] || [ ! -s "$json" ]; then
+  fail "$(printf '%s' "${error:-empty answer}" | head -n 1 | cut -c1-400)"
 fi
-rm -f "$json"
-logger -t stepwatch "epilog: no stepwatch report for job ${job}" 2>/dev/null
+if ! error="$(timeout 10 "$ctl" "${ctl_args[@]}" report "$job" 2>&1 >"${file}.txt")"; then
+  fail "$(printf '%s' "$error" | head -n 1 | cut -c1-400)"
+fi
+rm -f "${file}.error"
+if grep -q '"state": "finished"' "$json"; then
+  log info "saved the report of job ${shown} to ${file}.txt and .json"
+else
+  log warning "saved the report of job ${shown} to ${file}.txt and .json before the collectors saw it end (STEPWATCH_REPORT_WAIT=${wait_s})"
+fi
 exit 0

@@ -546,5 +546,39 @@ TEST_F(CollectorRouterTest, StepsWaitWhileNoCollectorResolved) {
   router.Stop(absl::ZeroDuration());
 }
 
+// The ticker and the failover delay are measured on the monotonic clock: with the wall clock
+// stepped back or forward an hour between ticks, every tick still comes one interval later, and
+// a collector that just went away is still within its failover delay (its job stays put).
+TEST_F(CollectorRouterTest, WallClockStepsMoveNoTickAndNoJob) {
+  StartCollectors(2);
+  resolver_.Set(addresses_);
+  CollectorRouterOptions o = Options(1);
+  o.link.interval = absl::Milliseconds(50);
+  CollectorRouter router(o, nullptr, nullptr);
+  ASSERT_TRUE(router.Start().ok());
+  ASSERT_TRUE(AdvanceUntil([&] { return AllConnected(router, 2); }, absl::Milliseconds(20)));
+  const std::string job = "job-w";
+  const std::vector<std::string> owners = router.OwnersOf(job);
+  ASSERT_EQ(owners.size(), 1u);
+  FakeCollector* owner = ByAddress(owners[0]);
+  for (int k = 1; k <= 3; ++k) {
+    router.AddStep(JobStep(job, k));
+    clock_.StepWallTime((k % 2 == 1 ? -1 : 2) * absl::Hours(1));
+    ASSERT_TRUE(WaitFor([&] {
+      const absl::Duration left = clock_.next_deadline() - clock_.TimeNow();
+      return left > absl::ZeroDuration() && left <= o.link.interval;
+    })) << k
+        << ": " << clock_.next_deadline() - clock_.TimeNow();
+    clock_.AdvanceTime(clock_.next_deadline() - clock_.TimeNow());
+    ASSERT_TRUE(WaitFor([&] { return Counted(owner).size() == static_cast<size_t>(k); })) << k;
+  }
+  owner->Shutdown();
+  ASSERT_TRUE(WaitFor([&] { return !Link(router.stats(), owners[0])->stats.connected; }));
+  clock_.StepWallTime(absl::Hours(1));
+  EXPECT_EQ(router.OwnersOf(job), owners);
+  EXPECT_TRUE(Link(router.stats(), owners[0])->reachable);
+  router.Stop(absl::ZeroDuration());
+}
+
 }  // namespace
 }  // namespace stepwatch::agent

@@ -5,9 +5,13 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "tests/agent/test_util.h"
@@ -147,6 +151,106 @@ TEST_F(IngestServerTest, ARankIsBoundToTheProcessThatReportsIt) {
   // The child is gone: its rank 0 may be taken over (a restarted rank).
   ASSERT_TRUE(SendDatagram(path, R"({"job":"j","rank":0,"world_size":2,"step":9,"step_s":0.25})"));
   ASSERT_TRUE(WaitFor([&] { return received.size() == 3; }));
+}
+
+// One process, then one user, fills its own share of the (job, rank) table; the refusals are
+// tenant_limit, counted under its uid, and another user's new job still gets in.
+TEST_F(IngestServerTest, TenantBoundsRefuseOneUserAndAdmitAnother) {
+  Received received;
+  IngestServerOptions o = Options();
+  o.owners.max_per_process = 3;
+  o.owners.max_per_user = 4;
+  o.socket_mode = 0666;
+  ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
+  auto server = IngestServer::Start(o, received.Sink());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string path = (*server)->socket_path();
+  auto event = [](const std::string& job, int rank) {
+    return absl::StrCat(R"({"job":")", job, R"(","rank":)", rank,
+                        R"(,"world_size":64,"step":1,"step_s":0.25})");
+  };
+  for (int r = 0; r < 5; ++r) ASSERT_TRUE(SendDatagram(path, event("flood", r)));
+  ASSERT_TRUE(WaitFor([&] { return (*server)->stats().datagrams_total == 5; }));
+  EXPECT_EQ(received.size(), 3u);
+  EXPECT_EQ(Rejected(**server, RejectReason::kTenantLimit), 2u);
+  // A second process of the same user: one more rank, up to the user's bound. Each sender lives
+  // until its messages are handled (a gone process's bindings may be swept).
+  struct Sender {
+    pid_t pid = -1;
+    int release = -1;
+  };
+  auto start_as = [&](uid_t uid, const std::vector<std::string>& messages) {
+    int fds[2];
+    if (::pipe(fds) != 0) return Sender{};
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::close(fds[1]);
+      if (uid != ::getuid() && ::setuid(uid) != 0) ::_exit(2);
+      for (const std::string& m : messages) {
+        if (!SendDatagram(path, m)) ::_exit(1);
+      }
+      char c;
+      (void)!::read(fds[0], &c, 1);  // until the parent closes its end
+      ::_exit(0);
+    }
+    ::close(fds[0]);
+    return Sender{child, fds[1]};
+  };
+  auto finish = [](Sender s) {
+    ::close(s.release);
+    int status = 0;
+    return s.pid > 0 && ::waitpid(s.pid, &status, 0) == s.pid && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0;
+  };
+  Sender same = start_as(::getuid(), {event("flood", 5), event("flood", 6)});
+  ASSERT_GT(same.pid, 0);
+  ASSERT_TRUE(WaitFor([&] { return (*server)->stats().datagrams_total == 7; }));
+  ASSERT_TRUE(finish(same));
+  EXPECT_EQ(received.size(), 4u);
+  EXPECT_EQ(Rejected(**server, RejectReason::kTenantLimit), 3u);
+  const std::vector<std::pair<std::string, uint64_t>> by_uid = {{absl::StrCat(::getuid()), 3}};
+  EXPECT_EQ((*server)->stats().tenant_refusals_by_uid, by_uid);
+  if (::getuid() != 0) GTEST_SKIP() << "another uid needs root";
+  Sender other = start_as(65534, {event("theirs", 0)});
+  ASSERT_GT(other.pid, 0);
+  ASSERT_TRUE(WaitFor([&] { return received.size() == 5; }));
+  ASSERT_TRUE(finish(other));
+  EXPECT_EQ(received.events().back().job(), "theirs");
+  EXPECT_EQ(Rejected(**server, RejectReason::kTenantLimit), 3u);
+}
+
+TEST(PidNamespaceTest, NestedWhenNSpidListsSeveralPids) {
+  EXPECT_EQ(PidNamespaceNested("Name:\tx\nNSpid:\t4242\nNSpgid:\t1\n"), false);
+  EXPECT_EQ(PidNamespaceNested("Name:\tx\nNSpid:\t4242\t7\n"), true);
+  EXPECT_EQ(PidNamespaceNested("NSpid: 9 8 1"), true);
+  EXPECT_EQ(PidNamespaceNested("Name:\tx\n"), std::nullopt);
+}
+
+TEST_F(IngestServerTest, ReportsItsOwnPidNamespace) {
+  const std::string status = dir_ + "/status";
+  {
+    std::ofstream out(status);
+    out << "Name:\tstepwatch-agent\nNSpid:\t31337\t1\n";
+  }
+  Received received;
+  IngestServerOptions o = Options();
+  o.proc_self_status = status;
+  auto nested = IngestServer::Start(o, received.Sink());
+  ASSERT_TRUE(nested.ok()) << nested.status();
+  EXPECT_TRUE((*nested)->stats().own_pid_namespace);
+  (*nested)->Stop();
+  auto host = IngestServer::Start(Options(), received.Sink());
+  ASSERT_TRUE(host.ok()) << host.status();
+  // The test itself runs in the initial pid namespace (or the check is moot).
+  const bool here = PidNamespaceNested([] {
+                      std::ifstream in("/proc/self/status");
+                      std::stringstream ss;
+                      ss << in.rdbuf();
+                      return ss.str();
+                    }())
+                        .value_or(false);
+  EXPECT_EQ((*host)->stats().own_pid_namespace, here);
+  EXPECT_EQ((*host)->stats().unknown_sender_events_total, 0u);
 }
 
 TEST_F(IngestServerTest, ReplacesStaleSocketFile) {

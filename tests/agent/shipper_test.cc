@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -196,6 +197,60 @@ TEST_F(ShipperTest, ShipsOnItsOwnScheduleWithFractionalInterval) {
   EXPECT_EQ(shipper.stats().batches_created_total, 4u);
 }
 
+// The schedule is kept on the monotonic clock: a wall clock stepped back an hour (or forward) in
+// the middle neither holds the next batch for an hour nor cuts one early; only the batches'
+// timestamps show the step.
+TEST_F(ShipperTest, ScheduleIgnoresWallClockSteps) {
+  FakeCollector collector;
+  const int port = collector.Start(0, {});
+  ASSERT_GT(port, 0);
+  ShipperOptions o = Options(port);
+  o.interval = absl::Milliseconds(50);
+  Shipper shipper(o, nullptr, nullptr);
+  ASSERT_TRUE(shipper.Start().ok());
+  ASSERT_TRUE(AdvanceUntil([&] { return shipper.stats().connected; }, absl::Milliseconds(20)));
+  for (int k = 1; k <= 4; ++k) {
+    shipper.AddStep(Step(k));
+    // Back an hour, forward two hours, back an hour...
+    clock_.StepWallTime((k % 2 == 1 ? -1 : 2) * absl::Hours(1));
+    // The ticker's next wake-up is within one interval whatever the wall clock says.
+    ASSERT_TRUE(WaitFor([&] {
+      const absl::Duration left = clock_.next_deadline() - clock_.TimeNow();
+      return left > absl::ZeroDuration() && left <= o.interval;
+    })) << k
+        << ": " << clock_.next_deadline() - clock_.TimeNow();
+    EXPECT_EQ(shipper.stats().batches_created_total, static_cast<uint64_t>(k - 1));
+    clock_.AdvanceTime(clock_.next_deadline() - clock_.TimeNow());
+    ASSERT_TRUE(WaitFor([&] { return collector.batches().size() == static_cast<size_t>(k); })) << k;
+    EXPECT_EQ(collector.batches().back().created_unix_nanos(), clock_.NowUnixNanos());
+  }
+  EXPECT_EQ(AsSet(collector.unique_steps()), std::set<int64_t>({1, 2, 3, 4}));
+}
+
+// The acknowledgement timeout too: a step forward does not replace a healthy stream, a step back
+// does not keep a stuck one.
+TEST_F(ShipperTest, AckTimeoutIgnoresWallClockSteps) {
+  FakeCollector collector;
+  const int port = collector.Start(0, {/*ack=*/false});
+  ASSERT_GT(port, 0);
+  ShipperOptions o = Options(port);
+  o.ack_timeout = absl::Milliseconds(300);
+  Shipper shipper(o, nullptr, nullptr);
+  ASSERT_TRUE(shipper.Start().ok());
+  ASSERT_TRUE(AdvanceUntil([&] { return shipper.stats().connected; }));
+  shipper.AddStep(Step(0));
+  shipper.FlushNow();
+  ASSERT_TRUE(WaitFor([&] { return collector.batches().size() == 1; }));
+  ASSERT_TRUE(WaitFor([&] { return clock_.next_deadline() == clock_.TimeNow() + o.ack_timeout; }));
+  clock_.StepWallTime(absl::Hours(1));
+  clock_.AdvanceTime(o.ack_timeout / 2);
+  EXPECT_TRUE(shipper.stats().connected);
+  EXPECT_EQ(shipper.stats().connects_total, 1u);
+  clock_.StepWallTime(-absl::Hours(2));
+  clock_.AdvanceTime(o.ack_timeout / 2);
+  ASSERT_TRUE(AdvanceUntil([&] { return shipper.stats().connects_total == 2; }));
+}
+
 TEST_F(ShipperTest, CollectorRestartLosesNothingWithinTheBuffer) {
   FakeCollector first;
   const int port = first.Start(0, {/*ack=*/false});
@@ -382,13 +437,13 @@ TEST_F(ShipperTest, FedLinkNumbersEnqueuedCutsAndReportsItsState) {
   ShipperOptions o = Options(port);
   o.own_schedule = false;
   o.max_events_per_batch = 2;
-  const absl::Time start = clock_.TimeNow();
+  const absl::Duration start = clock_.MonotonicNow();
   Shipper shipper(o, nullptr, nullptr);
   EXPECT_FALSE(shipper.link_state().connected);
   ASSERT_TRUE(shipper.Start().ok());
   EXPECT_EQ(shipper.link_state().since, start);
   ASSERT_TRUE(AdvanceUntil([&] { return shipper.link_state().connected; }));
-  const absl::Time connected_at = shipper.link_state().since;
+  const absl::Duration connected_at = shipper.link_state().since;
   EXPECT_GE(connected_at, start);
   // Nothing waits for the (hour-long) interval: there is no ticker.
   EXPECT_EQ(clock_.next_deadline(), absl::InfiniteFuture());
@@ -634,6 +689,56 @@ TEST_F(ShipperTest, SpooledBatchesOutliveTheShipperAndKeepTheirIds) {
 
 // The spool holds what the buffer holds: beyond the byte bound the oldest batches leave both,
 // counted, and the next process replays only the newest.
+// A batch the spool cannot take (a full disk; here a directory squats on its temporary file) is
+// held in memory, counted as at risk, and written on a later cut once the spool takes it again.
+TEST_F(ShipperTest, BatchesTheSpoolRefusedAreHeldCountedAndSpooledLater) {
+  const std::string dir = testing::MakeTempDir();
+  ASSERT_FALSE(dir.empty());
+  SpoolOptions spool_options;
+  spool_options.dir = dir + "/spool";
+  spool_options.sync = false;
+  const int port = UnusedPort();
+  {
+    absl::StatusOr<std::unique_ptr<Spool>> spool =
+        Spool::Open(spool_options, Options(port).agent_id);
+    ASSERT_TRUE(spool.ok()) << spool.status();
+    const std::string squat = spool_options.dir + "/batch-00000000000000000001.tmp";
+    ASSERT_TRUE(std::filesystem::create_directory(squat));
+    { std::ofstream keep(squat + "/x"); }
+    ShipperOptions o = Options(port);
+    o.spool = spool->get();
+    Shipper shipper(o, nullptr, nullptr);
+    ASSERT_TRUE(shipper.Start().ok());
+    shipper.AddStep(Step(1));
+    shipper.AddStep(Step(2));
+    shipper.FlushNow();
+    ShipperStats s = shipper.stats();
+    EXPECT_EQ(s.unspooled_batches, 1u);
+    EXPECT_EQ(s.unspooled_events, 2u);
+    EXPECT_EQ(s.events_unspooled_total, 2u);
+    EXPECT_EQ(s.spool->batches, 0u);
+    EXPECT_GT(s.spool->write_errors_total, 0u);
+    std::filesystem::remove_all(squat);
+    shipper.AddStep(Step(3));
+    shipper.FlushNow();
+    s = shipper.stats();
+    EXPECT_EQ(s.unspooled_batches, 0u);
+    EXPECT_EQ(s.unspooled_events, 0u);
+    EXPECT_EQ(s.events_unspooled_total, 2u);
+    EXPECT_EQ(s.batches_respooled_total, 1u);
+    EXPECT_EQ(s.spool->batches, 2u);
+    shipper.Stop(absl::ZeroDuration());
+  }
+  // Both survive the shipper.
+  absl::StatusOr<std::unique_ptr<Spool>> spool = Spool::Open(spool_options, Options(port).agent_id);
+  ASSERT_TRUE(spool.ok()) << spool.status();
+  std::vector<std::shared_ptr<v1::ReportBatch>> left = (*spool)->TakeRecovered();
+  ASSERT_EQ(left.size(), 2u);
+  EXPECT_EQ(left[0]->steps_size(), 2);
+  EXPECT_EQ(left[1]->steps(0).step(), 3);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(ShipperTest, FullSpoolDropsOldestFirstAndCountsThem) {
   const std::string dir = testing::MakeTempDir();
   ASSERT_FALSE(dir.empty());

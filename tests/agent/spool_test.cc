@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "agent/shipper.h"
 #include "gtest/gtest.h"
 #include "tests/agent/test_util.h"
@@ -233,6 +234,70 @@ TEST_F(SpoolTest, UnusableDirectoryIsAClearError) {
     EXPECT_NE(s.status().message().find("not writable"), std::string::npos) << s.status();
     ::chmod(options_.dir.c_str(), 0700);
   }
+}
+
+// When the boot file cannot be replaced atomically (a full disk has no block for the temporary
+// copy; here a directory squats its name), the lease is rewritten in place: the spool still
+// opens, replays its batches and never reuses a leased seq.
+TEST_F(SpoolTest, LeaseIsRewrittenInPlaceWhenNoNewFileCanBeMade) {
+  uint64_t first_lease = 0;
+  std::string boot_id;
+  {
+    std::unique_ptr<Spool> spool = Open();
+    ASSERT_NE(spool, nullptr);
+    boot_id = spool->boot_id();
+    ASSERT_TRUE(spool->Reserve(1).ok());
+    ASSERT_TRUE(spool->Write(Batch(*spool, 1, 3)).ok());
+    first_lease = spool->last_seq() + options_.seq_lease;
+    EXPECT_EQ(spool->stats().boot_rewrites_in_place_total, 0u);
+  }
+  const std::string squat = absl::StrCat(options_.dir, "/boot.tmp.", ::getpid());
+  ASSERT_TRUE(std::filesystem::create_directory(squat));
+  {
+    std::ofstream keep(squat + "/x");  // non-empty: Open cannot clear it away
+  }
+  std::unique_ptr<Spool> spool = Open();
+  ASSERT_NE(spool, nullptr);
+  EXPECT_EQ(spool->boot_id(), boot_id);
+  EXPECT_EQ(spool->stats().boot_rewrites_in_place_total, 1u);
+  EXPECT_GE(spool->last_seq(), first_lease);
+  EXPECT_EQ(spool->TakeRecovered().size(), 1u);
+  const uint64_t second_start = spool->last_seq();
+  spool.reset();
+  std::filesystem::remove_all(squat);
+  // The rewritten file reads back: the next start continues above the lease it holds.
+  spool = Open();
+  ASSERT_NE(spool, nullptr);
+  EXPECT_EQ(spool->boot_id(), boot_id);
+  EXPECT_GE(spool->last_seq(), second_start + options_.seq_lease - 1);
+  EXPECT_EQ(spool->stats().boot_rewrites_in_place_total, 0u);
+}
+
+// Without a boot file to rewrite, a directory where none can be made is an error (not a full
+// disk here, so not ResourceExhausted: the start fails).
+TEST_F(SpoolTest, NoBootFileAndNoRoomForOneIsAnError) {
+  std::filesystem::create_directories(options_.dir);
+  const std::string squat = absl::StrCat(options_.dir, "/boot.tmp.", ::getpid());
+  ASSERT_TRUE(std::filesystem::create_directory(squat));
+  { std::ofstream keep(squat + "/x"); }
+  absl::StatusOr<std::unique_ptr<Spool>> s = Spool::Open(options_, kAgent);
+  ASSERT_FALSE(s.ok());
+  EXPECT_FALSE(absl::IsResourceExhausted(s.status())) << s.status();
+}
+
+// A boot_id read back from the disk goes out on every batch: one that MakeBootId could not have
+// made (control characters, a megabyte) makes the boot file unreadable, not a label.
+TEST_F(SpoolTest, ABootIdThatIsNotOursIsNotSentOn) {
+  std::filesystem::create_directories(options_.dir);
+  {
+    std::ofstream boot(options_.dir + "/boot");
+    boot << "stepwatch-spool 1\nagent_id " << kAgent << "\nboot_id evil\x1b[2J\nreserved_seq 7\n";
+  }
+  std::unique_ptr<Spool> spool = Open();
+  ASSERT_NE(spool, nullptr);
+  EXPECT_EQ(spool->stats().corrupt_records_total, 1u);
+  EXPECT_EQ(spool->boot_id().find('\x1b'), std::string::npos);
+  EXPECT_EQ(spool->boot_id().size(), 32u);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@ namespace stepwatch::analysis {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int64_t kT0 = 1'700'000'000'000'000'000;
 constexpr int64_t kSec = 1'000'000'000;
@@ -327,6 +328,21 @@ TEST(EngineTest, StragglerSummaryNamesComputeAndThrottling) {
   auto ranks = e.Ranks("j");
   EXPECT_TRUE(ranks[13].straggler);
   EXPECT_GT(ranks[13].busy_vs_median_ratio, 1.2);
+}
+
+// A CPU-only job (no GPU readings; the ranks send local_rank only): the summary names the rank's
+// local rank as such, never as a GPU.
+TEST(EngineTest, StragglerWithoutGpusNamesTheLocalRank) {
+  Engine e;
+  JobDriver d(&e, "cpu", 4, 8);
+  d.split = [](int rank, int64_t) { return Split{rank == 13 ? 0.52 : 0.4, 0.02}; };
+  d.Run(300);
+  auto f = Of(e, FindingKind::kStraggler);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].rank, 13);
+  EXPECT_TRUE(f[0].gpu_is_local_rank);
+  EXPECT_THAT(f[0].summary, HasSubstr("rank 13 on node-1 local rank 5: "));
+  EXPECT_THAT(f[0].summary, Not(HasSubstr("GPU 5")));
 }
 
 TEST(EngineTest, TransientStragglerIsNotPersistent) {

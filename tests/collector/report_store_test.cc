@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -220,8 +222,8 @@ TEST(ReportStoreTest, SavedReportsLoadBackAndCorruptFilesAreSkipped) {
     store.Finish(Snap("slurm/1.0", 50, true), {}, {0, kT0}, "exited", kT0 + 50 * kSecond);
     store.Finish(Snap("old", 5), {}, {0, kT0}, "exited", kT0 - 9 * 86400 * kSecond);
     saved = MustGet(store, "slurm/1.0");
-    // The running job's report is not written: only finished ones are.
-    store.Observe(Snap("running", 1), {}, {}, kT0);
+    EXPECT_TRUE(saved.unsaved());  // not written before the next flush
+    saved.set_unsaved(false);
   }  // destruction flushes
   ASSERT_TRUE(WriteFileAtomically(o.dir + "/garbage.json", "{not json").ok());
   ASSERT_TRUE(WriteFileAtomically(o.dir + "/renamed.json",
@@ -236,7 +238,6 @@ TEST(ReportStoreTest, SavedReportsLoadBackAndCorruptFilesAreSkipped) {
       << saved.DebugString() << "\nvs\n"
       << back.DebugString();
   EXPECT_EQ(back.findings(0).until_step(), 50);
-  EXPECT_FALSE(loaded.Get("running").ok());
   EXPECT_FALSE(loaded.Get("someone-else").ok());
   // Older than the default 7-day retention: not loaded, and its file removed.
   EXPECT_FALSE(loaded.Get("old").ok());
@@ -265,6 +266,7 @@ TEST(ReportStoreTest, SectionsAndSectionFindingsAreKeptAndSaved) {
     // A later snapshot without sections (its ranks stopped reporting them) keeps the last known.
     store.Finish(Snap("j", 20, true), {}, {0, kT0}, "exited", kT0 + 20 * kSecond);
     saved = MustGet(store, "j");
+    saved.set_unsaved(false);  // written when the store goes
     const std::vector<v1::JobReport> listed = store.List();
     ASSERT_EQ(listed.size(), 1u);
     EXPECT_EQ(listed[0].section_names_size(), 2);
@@ -394,6 +396,233 @@ TEST(ReportStoreTest, CollectorReportsAnExpiredJobAsFinished) {
   EXPECT_EQ(r->world_size(), 2);
   EXPECT_EQ(r->first_step(), 10);
   EXPECT_EQ(r->last_step(), 19);
+  std::filesystem::remove_all(o.reports.dir);
+}
+
+// A directory where the report file should go makes its write fail, as a full disk would.
+TEST(ReportStoreTest, UnwritableReportStaysUnsavedAndIsRetriedWithBackoff) {
+  ReportStoreOptions o;
+  o.dir = TempDir("unsaved");
+  o.running_save_interval_nanos = 0;
+  o.retry_initial_nanos = kSecond;
+  o.retry_max_nanos = 2 * kSecond;
+  const std::string path = o.dir + "/" + ReportStore::FileName("job-a");
+  {
+    ReportStore store(o);
+    ASSERT_TRUE(store.Load(kT0).ok());
+    ASSERT_TRUE(std::filesystem::create_directories(path + "/blocker"));
+    store.Observe(Snap("job-a", 10), {Straggler("job-a", 3, 5)}, {0, kT0}, kT0);
+    store.Finish(Snap("job-a", 20), {}, {0, kT0}, "exited", kT0 + kSecond);
+    EXPECT_EQ(store.Flush(kT0 + kSecond), 1);
+    EXPECT_TRUE(MustGet(store, "job-a").unsaved());
+    ASSERT_EQ(store.List().size(), 1u);
+    EXPECT_TRUE(store.List()[0].unsaved());
+    EXPECT_EQ(store.unsaved_count(), 1);
+    EXPECT_GT(store.unsaved_bytes(), 0);
+    EXPECT_EQ(store.save_errors(), 1u);
+    // Within the backoff nothing is tried; then it is, and the backoff doubles (to its cap).
+    EXPECT_EQ(store.Flush(kT0 + kSecond + kSecond / 2), 0);
+    EXPECT_EQ(store.Flush(kT0 + 2 * kSecond + kSecond / 10), 1);
+    EXPECT_EQ(store.Flush(kT0 + 3 * kSecond), 0);
+    EXPECT_EQ(store.Flush(kT0 + 4 * kSecond + kSecond / 5), 1);
+    EXPECT_EQ(store.Flush(kT0 + 6 * kSecond), 0);
+    EXPECT_EQ(store.save_errors(), 3u);
+    // Readable all along, findings and all.
+    EXPECT_EQ(MustGet(store, "job-a").findings_size(), 1);
+    // The disk takes it again: written at the next try.
+    std::filesystem::remove_all(path);
+    EXPECT_EQ(store.Flush(kT0 + 6 * kSecond + kSecond / 2), 0);
+    EXPECT_TRUE(std::filesystem::is_regular_file(path));
+    EXPECT_FALSE(MustGet(store, "job-a").unsaved());
+    EXPECT_EQ(store.unsaved_count(), 0);
+    EXPECT_EQ(store.unsaved_bytes(), 0);
+  }
+  ReportStore loaded(o);
+  ASSERT_TRUE(loaded.Load(kT0 + 10 * kSecond).ok());
+  v1::JobReport r = MustGet(loaded, "job-a");
+  EXPECT_EQ(r.last_step(), 20);
+  EXPECT_FALSE(r.unsaved());
+  std::filesystem::remove_all(o.dir);
+}
+
+// A collector killed mid-job: the running report saved before continues in the next process,
+// the stretch it missed recorded as a gap; the findings active then are closed where it ended.
+TEST(ReportStoreTest, RunningReportIsSavedAndContinuedAfterARestartWithAGap) {
+  ReportStoreOptions o;
+  o.dir = TempDir("running");
+  o.running_save_interval_nanos = 10 * kSecond;
+  o.recovered_expire_nanos = 60 * kSecond;
+  const std::string running = o.dir + "/running/" + ReportStore::FileName("job/1");
+  const std::string killed = o.dir + "/killed.json";
+  {
+    ReportStore store(o);
+    ASSERT_TRUE(store.Load(kT0).ok());
+    store.Observe(Snap("job/1", 10), {Straggler("job/1", 3, 5)}, {0, kT0}, kT0 + 10 * kSecond);
+    store.Observe(Snap("quiet", 3), {}, {0, kT0}, kT0 + 10 * kSecond);
+    EXPECT_EQ(store.Flush(kT0 + 10 * kSecond), 0);
+    ASSERT_TRUE(std::filesystem::is_regular_file(running));
+    // Not due again before the interval: the file keeps step 10.
+    store.Observe(Snap("job/1", 20), {Straggler("job/1", 3, 5)}, {0, kT0}, kT0 + 15 * kSecond);
+    EXPECT_EQ(store.Flush(kT0 + 15 * kSecond), 0);
+    std::filesystem::copy_file(running, killed);
+  }  // a SIGKILL leaves the file of the last periodic save: put it back
+  std::filesystem::copy_file(killed, running, std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::remove(killed);
+
+  ReportStore store(o);
+  ASSERT_TRUE(store.Load(kT0 + 30 * kSecond).ok());
+  v1::JobReport r = MustGet(store, "job/1");
+  EXPECT_EQ(r.state(), "running");
+  EXPECT_EQ(r.last_step(), 10);
+  ASSERT_EQ(r.gaps_size(), 1);
+  EXPECT_EQ(r.gaps(0).after_step(), 10);
+  EXPECT_EQ(r.gaps(0).before_step(), -1);
+  EXPECT_EQ(r.gaps(0).from_unix_nanos(), kT0 + 10 * kSecond);
+  EXPECT_EQ(r.gaps(0).cause(), "collector_restart");
+  ASSERT_EQ(r.findings_size(), 1);
+  EXPECT_EQ(r.findings(0).until_step(), 10);
+
+  // The job reports again from step 35 on, its straggler found again.
+  store.Observe(Snap("job/1", 40), {Straggler("job/1", 3, 37)}, {35, kT0 + 31 * kSecond},
+                kT0 + 31 * kSecond);
+  r = MustGet(store, "job/1");
+  EXPECT_EQ(r.first_step(), 0);
+  EXPECT_EQ(r.start_unix_nanos(), kT0);
+  EXPECT_EQ(r.last_step(), 40);
+  ASSERT_EQ(r.gaps_size(), 1);
+  EXPECT_EQ(r.gaps(0).before_step(), 35);
+  EXPECT_EQ(r.gaps(0).to_unix_nanos(), kT0 + 31 * kSecond);
+  ASSERT_EQ(r.findings_size(), 2);
+  EXPECT_EQ(r.findings(1).since_step(), 37);
+  EXPECT_EQ(r.findings(1).until_step(), -1);
+  store.Finish(Snap("job/1", 50), {}, {35, kT0 + 31 * kSecond}, "exited", kT0 + 40 * kSecond);
+  EXPECT_EQ(store.Flush(kT0 + 40 * kSecond), 0);
+  EXPECT_FALSE(std::filesystem::exists(running));
+  EXPECT_TRUE(std::filesystem::is_regular_file(o.dir + "/" + ReportStore::FileName("job/1")));
+
+  // A job that never comes back is finished as expired once unseen for the expiry.
+  store.Prune(kT0 + 80 * kSecond);
+  EXPECT_EQ(MustGet(store, "quiet").state(), "running");
+  store.Prune(kT0 + 91 * kSecond);
+  v1::JobReport quiet = MustGet(store, "quiet");
+  EXPECT_EQ(quiet.state(), "finished");
+  EXPECT_EQ(quiet.end_reason(), "expired");
+  ASSERT_EQ(quiet.gaps_size(), 1);
+  EXPECT_EQ(quiet.gaps(0).before_step(), -1);
+  EXPECT_EQ(store.Flush(kT0 + 91 * kSecond), 0);
+  EXPECT_FALSE(std::filesystem::exists(o.dir + "/running/quiet.json"));
+
+  ReportStore again(o);
+  ASSERT_TRUE(again.Load(kT0 + 100 * kSecond).ok());
+  r = MustGet(again, "job/1");
+  EXPECT_EQ(r.state(), "finished");
+  ASSERT_EQ(r.gaps_size(), 1);
+  EXPECT_EQ(r.gaps(0).before_step(), 35);
+  EXPECT_EQ(r.findings_size(), 2);
+  EXPECT_EQ(MustGet(again, "quiet").end_reason(), "expired");
+  std::filesystem::remove_all(o.dir);
+}
+
+// Each running report write is a file and an fsync: at most max_running_writes_per_flush per
+// Flush, those saved longest ago (or never) first, each at most once per interval.
+TEST(ReportStoreTest, RunningReportWritesAreBoundedPerFlush) {
+  ReportStoreOptions o;
+  o.dir = TempDir("bounded");
+  o.running_save_interval_nanos = 10 * kSecond;
+  o.max_running_writes_per_flush = 4;
+  ReportStore store(o);
+  ASSERT_TRUE(store.Load(kT0).ok());
+  auto files = [&o] {
+    int n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(o.dir + "/running"))
+      n += e.is_regular_file();
+    return n;
+  };
+  for (int i = 0; i < 10; ++i) store.Observe(Snap(absl::StrCat("job-", i), 1), {}, {0, kT0}, kT0);
+  EXPECT_EQ(store.Flush(kT0), 0);
+  EXPECT_EQ(files(), 4);
+  EXPECT_EQ(store.Flush(kT0 + kSecond), 0);
+  EXPECT_EQ(files(), 8);
+  EXPECT_EQ(store.Flush(kT0 + 2 * kSecond), 0);
+  EXPECT_EQ(files(), 10);
+  // Changed again, but saved less than an interval ago: not yet.
+  for (int i = 0; i < 10; ++i) {
+    store.Observe(Snap(absl::StrCat("job-", i), 2), {}, {0, kT0}, kT0 + 3 * kSecond);
+  }
+  const std::string first = o.dir + "/running/job-0.json";
+  const auto written = std::filesystem::last_write_time(first);
+  EXPECT_EQ(store.Flush(kT0 + 5 * kSecond), 0);
+  EXPECT_EQ(std::filesystem::last_write_time(first), written);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(store.Flush(kT0 + (10 + i) * kSecond), 0);
+  absl::StatusOr<std::string> data = ReadFile(first, 1 << 20);
+  ASSERT_TRUE(data.ok());
+  EXPECT_NE(data->find("\"last_step\":\"2\""), std::string::npos) << *data;
+  std::filesystem::remove_all(o.dir);
+}
+
+// What a periodic save of running reports costs: 16 jobs of 8 ranks with 200 findings each (one
+// file and one fsync per job). Printed for docs/reliability.md; asserts only that it succeeded.
+TEST(ReportStoreTest, RunningSaveCost) {
+  ReportStoreOptions o;
+  o.dir = TempDir("cost");
+  ReportStore store(o);
+  ASSERT_TRUE(store.Load(kT0).ok());
+  constexpr int kJobs = 16;
+  for (int j = 0; j < kJobs; ++j) {
+    const std::string job = absl::StrCat("llm-pretrain-", j);
+    // Each finding clears at the next call: 200 entries in the report.
+    for (int f = 0; f < 200; ++f) {
+      store.Observe(Snap(job, f, true), {Straggler(job, f % 8, f)}, {0, kT0}, kT0 + f);
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(store.Flush(kT0 + kSecond), 0);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const uintmax_t bytes = std::filesystem::file_size(o.dir + "/running/llm-pretrain-0.json");
+  std::printf("running reports: %d written in %.1f ms (%.2f ms each, %ju bytes each) in %s\n",
+              kJobs, ms, ms / kJobs, bytes, o.dir.c_str());
+  std::filesystem::remove_all(o.dir);
+}
+
+// Unsaved reports count against the memory budget until they are written.
+TEST(ReportStoreTest, CollectorChargesUnsavedReportsUntilWritten) {
+  FakeClock clock;
+  CollectorStateOptions o;
+  o.reports.dir = TempDir("charged");
+  o.reports.retry_initial_nanos = kSecond;
+  CollectorState state(o, &clock);
+  const std::string path = o.reports.dir + "/" + ReportStore::FileName("job");
+  ASSERT_TRUE(std::filesystem::create_directories(path + "/blocker"));
+  uint64_t seq = 0;
+  for (int step = 0; step < 5; ++step) {
+    v1::ReportBatch batch = testing::StepBatch("n0", ++seq, "job", 2, step, 0.1);
+    for (v1::StepEvent& e : *batch.mutable_steps()) e.set_pid(100 + e.rank());
+    ASSERT_TRUE(state.Apply(batch).ok());
+    clock.Advance(kSecond / 5);
+    state.Tick();
+  }
+  v1::ReportBatch exits = testing::EmptyBatch("n0", ++seq);
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::RankExit* x = exits.add_rank_exits();
+    x->set_job("job");
+    x->set_rank(rank);
+    x->set_pid(100 + rank);
+  }
+  ASSERT_TRUE(state.Apply(exits).ok());
+  const int64_t without = state.MemoryAccountedBytes();
+  state.Tick();
+  StateSnapshot s = state.Snapshot();
+  EXPECT_EQ(s.reports_unsaved, 1);
+  EXPECT_GT(s.reports_unsaved_bytes, 0);
+  EXPECT_GE(s.report_save_errors, 1u);
+  EXPECT_EQ(state.MemoryAccountedBytes(), without + s.reports_unsaved_bytes);
+  std::filesystem::remove_all(path);
+  clock.Advance(2 * kSecond);
+  state.Tick();
+  EXPECT_TRUE(std::filesystem::is_regular_file(path));
+  EXPECT_EQ(state.Snapshot().reports_unsaved, 0);
+  EXPECT_EQ(state.MemoryAccountedBytes(), without);
   std::filesystem::remove_all(o.reports.dir);
 }
 

@@ -15,6 +15,9 @@
 #include "common/file.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/impl/rpc_method.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/sync_stream.h"
 #include "gtest/gtest.h"
 #include "stepwatch/v1/stepwatch.grpc.pb.h"
 #include "tests/collector/test_util.h"
@@ -145,6 +148,58 @@ TEST_F(ServerTest, MalformedBatchEndsTheStreamWithInvalidArgument) {
   EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   server_->state()->Tick();
   EXPECT_EQ(server_->state()->Snapshot().counters.ingest_errors, 1u);
+}
+
+// A message that is no ReportBatch is not the end of the stream: the stream ends with
+// INVALID_ARGUMENT and the batch is counted as unparsable.
+TEST_F(ServerTest, UnparsableMessageEndsTheStreamWithInvalidArgumentAndIsCounted) {
+  auto ctx = Context();
+  const grpc::internal::RpcMethod method("/stepwatch.v1.Ingest/Report",
+                                         grpc::internal::RpcMethod::BIDI_STREAMING);
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          channel_.get(), method, ctx.get()));
+  const auto bytes = [](const std::string& s) {
+    grpc::Slice slice(s);
+    return grpc::ByteBuffer(&slice, 1);
+  };
+  // A batch first: parsed, applied and acknowledged as ever.
+  ASSERT_TRUE(stream->Write(bytes(StepBatch("node-0", 1, "job", 2, 0, 0.1).SerializeAsString())));
+  grpc::ByteBuffer raw_ack;
+  ASSERT_TRUE(stream->Read(&raw_ack));
+  v1::IngestAck ack;
+  ASSERT_TRUE(grpc::SerializationTraits<v1::IngestAck>::Deserialize(&raw_ack, &ack).ok());
+  EXPECT_EQ(ack.acked_seq(), 1u);
+  // Field 1 claims 100 bytes and carries 3.
+  ASSERT_TRUE(stream->Write(bytes(std::string("\x0a\x64xyz", 5))));
+  EXPECT_FALSE(stream->Read(&raw_ack));
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  server_->state()->Tick();
+  const StateSnapshot s = server_->state()->Snapshot();
+  EXPECT_EQ(s.counters.batches_received, 1u);
+  auto it = s.counters.malformed.find("unparsable");
+  ASSERT_NE(it, s.counters.malformed.end());
+  EXPECT_EQ(it->second, 1u);
+  EXPECT_EQ(s.counters.ingest_errors, 1u);
+}
+
+// Identifiers out of bounds end the stream before anything of the batch is applied or logged.
+TEST_F(ServerTest, OversizedBootIdEndsTheStreamWithInvalidArgument) {
+  auto ingest = v1::Ingest::NewStub(channel_);
+  auto ctx = Context();
+  auto stream = ingest->Report(ctx.get());
+  v1::ReportBatch bad = StepBatch("node-0", 1, "job", 2, 0, 0.1);
+  bad.set_boot_id(std::string(1 << 20, 'b'));
+  ASSERT_TRUE(stream->Write(bad));
+  v1::IngestAck ack;
+  EXPECT_FALSE(stream->Read(&ack));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  server_->state()->Tick();
+  const StateSnapshot s = server_->state()->Snapshot();
+  EXPECT_EQ(s.counters.batches_received, 0u);
+  EXPECT_EQ(s.counters.malformed.at("bad_field"), 1u);
+  EXPECT_EQ(s.counters.fields_refused.at({"boot_id", "too_long"}), 1u);
 }
 
 TEST_F(ServerTest, QueryServiceAnswers) {

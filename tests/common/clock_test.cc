@@ -426,5 +426,65 @@ TEST(SimulatedClockTest, ConcurrentConditionsAndTimeChangesNeverLoseAWaiter) {
   EXPECT_EQ(clock.num_waiters(), 0u);
 }
 
+// A step of the wall clock (NTP, `date -s`) moves TimeNow only: the monotonic time, and every
+// wait measured on it, go on as if nothing happened.
+TEST(SimulatedClockTest, WallStepsMoveNeitherTheMonotonicTimeNorAnyWait) {
+  SimulatedClock clock(absl::FromUnixSeconds(10'000));
+  const absl::Duration mono = clock.MonotonicNow();
+  absl::Mutex mu;
+  bool woke = false;
+  std::thread waiter([&] {
+    absl::MutexLock lock(&mu);
+    const bool never = false;
+    EXPECT_FALSE(clock.AwaitFor(&mu, absl::Condition(&never), absl::Seconds(5)));
+    woke = true;
+  });
+  ASSERT_TRUE(Eventually([&] { return clock.num_waiters() == 1; }));
+  clock.StepWallTime(-absl::Hours(1));
+  EXPECT_EQ(clock.TimeNow(), absl::FromUnixSeconds(10'000 - 3600));
+  EXPECT_EQ(clock.MonotonicNow(), mono);
+  // The wait still ends 5 s from its start, said in (stepped) wall time.
+  EXPECT_EQ(clock.next_deadline(), clock.TimeNow() + absl::Seconds(5));
+  clock.StepWallTime(absl::Hours(2));
+  EXPECT_EQ(clock.num_waiters(), 1u);
+  clock.AdvanceTime(absl::Seconds(4));
+  EXPECT_EQ(clock.num_waiters(), 1u);
+  EXPECT_EQ(clock.MonotonicNow(), mono + absl::Seconds(4));
+  clock.AdvanceTime(absl::Seconds(1));
+  waiter.join();
+  EXPECT_TRUE(woke);
+  EXPECT_EQ(clock.TimeNow(), absl::FromUnixSeconds(10'000 + 3600 + 5));
+}
+
+// A wall-clock deadline becomes "this long from now" when the wait starts, as on RealClock: a
+// later step back does not stretch it. SetTime forward is time passing (both clocks move).
+TEST(SimulatedClockTest, WallDeadlinesAreMeasuredOnTheMonotonicClock) {
+  SimulatedClock clock(absl::FromUnixSeconds(100));
+  std::thread sleeper([&] { clock.SleepUntil(absl::FromUnixSeconds(110)); });
+  ASSERT_TRUE(Eventually([&] { return clock.num_waiters() == 1; }));
+  clock.StepWallTime(-absl::Hours(1));
+  clock.AdvanceTime(absl::Seconds(10));
+  sleeper.join();
+  EXPECT_EQ(clock.num_waiters(), 0u);
+  const absl::Duration mono = clock.MonotonicNow();
+  clock.SetTime(clock.TimeNow() + absl::Seconds(3));
+  EXPECT_EQ(clock.MonotonicNow(), mono + absl::Seconds(3));
+  clock.SetTime(clock.TimeNow() - absl::Seconds(30));
+  EXPECT_EQ(clock.MonotonicNow(), mono + absl::Seconds(3));
+}
+
+TEST(RealClockTest, MonotonicTimeAdvancesAndAwaitForWaitsItsDuration) {
+  const RealClock clock;
+  const absl::Duration before = clock.MonotonicNow();
+  absl::Mutex mu;
+  absl::MutexLock lock(&mu);
+  const bool never = false;
+  EXPECT_FALSE(clock.AwaitFor(&mu, absl::Condition(&never), absl::Milliseconds(30)));
+  EXPECT_GE(clock.MonotonicNow() - before, absl::Milliseconds(30));
+  EXPECT_FALSE(clock.AwaitFor(&mu, absl::Condition(&never), -absl::Seconds(1)));
+  const bool yes = true;
+  EXPECT_TRUE(clock.AwaitFor(&mu, absl::Condition(&yes), absl::InfiniteDuration()));
+}
+
 }  // namespace
 }  // namespace stepwatch

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/json.h"
 #include "gtest/gtest.h"
 
 namespace stepwatch::ctl {
@@ -444,7 +445,7 @@ TEST(FormatTest, ExplainShowsPerRankSectionMedians) {
 TEST(FormatTest, ExplainJsonCarriesSections) {
   absl::StatusOr<std::string> json = ToJson(SectionExplain());
   ASSERT_TRUE(json.ok());
-  for (const char* needle : {"\"section_names\": [\n   \"forward\",", "\"sections_folded\": \"0\"",
+  for (const char* needle : {"\"section_names\": [\n   \"forward\",", "\"sections_folded\": 0",
                              "\"name\": \"backward\",\n     \"seconds\": 0.03",
                              "\"section\": \"backward\"", "\"section_vs_reference_ratio\": 1.5"}) {
     EXPECT_NE(json->find(needle), std::string::npos) << needle << "\n" << *json;
@@ -459,6 +460,44 @@ TEST(FormatTest, JsonUsesProtoFieldNamesAndPrintsDefaults) {
   json = ToJson(v1::FindingsResponse());
   ASSERT_TRUE(json.ok());
   EXPECT_NE(json->find("\"findings\": []"), std::string::npos) << *json;
+}
+
+// 64-bit integers are JSON numbers, as in report --json (proto3 JSON would quote them), in
+// messages, repeated fields and nested messages; strings that look like numbers stay strings.
+TEST(FormatTest, JsonPrints64BitIntegersAsNumbers) {
+  v1::StatusResponse status = SampleStatus();
+  ASSERT_GT(status.jobs_size(), 0);
+  status.mutable_jobs(0)->set_last_step(1234567890123);
+  status.mutable_jobs(0)->set_last_seen_unix_nanos(1764600000123456789);
+  status.mutable_jobs(0)->set_job("4711");
+  absl::StatusOr<std::string> out = ToJson(status);
+  ASSERT_TRUE(out.ok());
+  absl::StatusOr<json::Value> v = json::Parse(*out);
+  ASSERT_TRUE(v.ok()) << v.status() << "\n" << *out;
+  const json::Value& job = v->Find("jobs")->as_array()[0];
+  ASSERT_TRUE(job.Find("last_step")->is_number()) << *out;
+  EXPECT_EQ(job.Find("last_step")->as_int64(), 1234567890123);
+  ASSERT_TRUE(job.Find("last_seen_unix_nanos")->is_number()) << *out;
+  EXPECT_EQ(job.Find("last_seen_unix_nanos")->as_int64(), 1764600000123456789);
+  EXPECT_TRUE(job.Find("job")->is_string());
+  EXPECT_EQ(job.Find("job")->as_string(), "4711");
+  EXPECT_TRUE(job.Find("world_size")->is_number());
+  // No 64-bit field anywhere is left quoted.
+  EXPECT_EQ(out->find("\"last_step\": \""), std::string::npos) << *out;
+
+  v1::FindingsResponse findings;
+  v1::Finding* f = findings.add_findings();
+  f->set_since_step(77);
+  f->set_since_unix_nanos(1764600000000000001);
+  f->set_summary("123");
+  out = ToJson(findings);
+  ASSERT_TRUE(out.ok());
+  v = json::Parse(*out);
+  ASSERT_TRUE(v.ok()) << v.status() << "\n" << *out;
+  const json::Value& fj = v->Find("findings")->as_array()[0];
+  EXPECT_TRUE(fj.Find("since_step")->is_number()) << *out;
+  EXPECT_EQ(fj.Find("since_unix_nanos")->as_int64(), 1764600000000000001);
+  EXPECT_TRUE(fj.Find("summary")->is_string()) << *out;
 }
 
 }  // namespace

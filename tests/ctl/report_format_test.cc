@@ -195,5 +195,54 @@ TEST(ReportFormatTest, ListingShowsOneRowPerReport) {
   EXPECT_TRUE(v->Find("reports")->as_array().empty());
 }
 
+TEST(ReportFormatTest, UnsavedAndPartialReportsSaySo) {
+  v1::JobReport r = Finished();
+  r.set_unsaved(true);
+  v1::ReportGap* g = r.add_gaps();
+  g->set_cause("collector_restart");
+  g->set_after_step(80);
+  g->set_before_step(96);
+  g->set_from_unix_nanos(kT0 + 60 * kSecond);
+  g->set_to_unix_nanos(kT0 + 70 * kSecond);
+  v1::ReportGap* open = r.add_gaps();
+  open->set_cause("collector_restart");
+  open->set_after_step(150);
+  open->set_before_step(-1);
+  open->set_from_unix_nanos(kT0 + 100 * kSecond);
+  const std::string text = FormatReport(r);
+  EXPECT_NE(text.find("Not saved yet"), std::string::npos) << text;
+  EXPECT_NE(text.find("--state-dir"), std::string::npos) << text;
+  EXPECT_NE(text.find("steps 81..95 (15) are missing"), std::string::npos) << text;
+  EXPECT_NE(text.find("after step 150"), std::string::npos) << text;
+  EXPECT_NE(text.find("has not reported since"), std::string::npos) << text;
+
+  absl::StatusOr<json::Value> v = json::Parse(ReportToJson(r));
+  ASSERT_TRUE(v.ok()) << v.status() << "\n" << ReportToJson(r);
+  EXPECT_TRUE(v->Find("unsaved")->as_bool());
+  EXPECT_TRUE(v->Find("partial")->as_bool());
+  const json::Value::Array& gaps = v->Find("gaps")->as_array();
+  ASSERT_EQ(gaps.size(), 2u);
+  EXPECT_EQ(gaps[0].Find("after_step")->as_int64(), 80);
+  EXPECT_EQ(gaps[0].Find("before_step")->as_int64(), 96);
+  EXPECT_EQ(gaps[0].Find("missing_steps")->as_int64(), 15);
+  EXPECT_EQ(gaps[0].Find("cause")->as_string(), "collector_restart");
+  EXPECT_TRUE(gaps[1].Find("missing_steps")->is_null());
+  EXPECT_TRUE(gaps[1].Find("to_time")->is_null());
+
+  v1::ReportResponse list;
+  *list.add_reports() = r;
+  v1::JobReport* saved = list.add_reports();
+  *saved = Finished();
+  saved->set_job("whole");
+  const std::string rows = FormatReportList(list);
+  EXPECT_NE(rows.find("unsaved,partial"), std::string::npos) << rows;
+  v = json::Parse(ReportListToJson(list));
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->Find("reports")->as_array()[0].Find("unsaved")->as_bool());
+  EXPECT_FALSE(v->Find("reports")->as_array()[1].Find("unsaved")->as_bool());
+  EXPECT_FALSE(v->Find("reports")->as_array()[1].Find("partial")->as_bool());
+  EXPECT_TRUE(v->Find("reports")->as_array()[1].Find("gaps")->as_array().empty());
+}
+
 }  // namespace
 }  // namespace stepwatch::ctl

@@ -223,6 +223,8 @@ def prometheus_config(tmpdir, collector, agents, alertmanager_port):
                "stepwatch-agent": [a.metrics_addr for a in agents]}
     for scrape in cfg["scrape_configs"]:
         scrape["static_configs"] = [{"targets": targets[scrape["job_name"]]}]
+        # The test's servers ask for no /metrics password.
+        scrape.pop("basic_auth", None)
     path = os.path.join(tmpdir, "prometheus.yml")
     with open(path, "w") as f:
         yaml.safe_dump(cfg, f)
@@ -388,6 +390,8 @@ class AlertingEndToEndTest(unittest.TestCase):
         self.assertIn(f"Rank {STRAGGLER_RANK} of training job {JOB} on node {NODES[1]}",
                       annotations["description"])
         self.assertRegex(annotations["description"], r"speed the job up about \d+\.\d\dx")
+        # The size of the problem, as the collector measures it.
+        self.assertRegex(annotations["description"], r"\(busy \+\d+% vs their median\)")
         self.assertIn(f"stepwatchctl explain {JOB}", annotations["action"])
         with self.receiver.lock:
             paths = {n["_path"] for n in self.receiver.notifications}

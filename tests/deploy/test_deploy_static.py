@@ -593,13 +593,26 @@ class KubernetesTest(unittest.TestCase):
     def test_kustomize_builds_offline(self):
         built = self.kubectl("kustomize", K8S)
         self.assertEqual(built.returncode, 0, built.stderr)
-        kinds = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(built.stdout)}
-        self.assertEqual(kinds, set(self.objects))
+        docs = list(yaml.safe_load_all(built.stdout))
+        kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+        # What the kustomization generates: the agents' certificate script (name + content hash).
+        generated = {k for k in kinds if k[0] == "ConfigMap"}
+        self.assertEqual(len(generated), 1, generated)
+        self.assertRegex(next(iter(generated))[1], r"^stepwatch-agent-certificate-\w+$")
+        self.assertEqual(kinds - generated, set(self.objects))
+        (script,) = [d for d in docs if d["kind"] == "ConfigMap"]
+        with open(os.path.join(K8S, "agent-certificate.sh")) as f:
+            self.assertEqual(script["data"]["agent-certificate.sh"], f.read())
+        # The DaemonSet mounts the generated name.
+        (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+        volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+        self.assertEqual(volumes["certificate-script"]["configMap"]["name"],
+                         script["metadata"]["name"])
         # Every object is a well-formed Kubernetes object (client side, no server).
         names = self.kubectl("label", "--local", "--dry-run=client", "-o", "name", "-f", "-",
                              "stepwatch.check=1", stdin=built.stdout)
         self.assertEqual(names.returncode, 0, names.stderr)
-        self.assertEqual(len(names.stdout.split()), len(self.objects))
+        self.assertEqual(len(names.stdout.split()), len(self.objects) + len(generated))
 
     def test_workloads_decode_as_typed_objects(self):
         files = [os.path.join(K8S, "agent.yaml"), os.path.join(K8S, "collector.yaml"),
@@ -703,11 +716,16 @@ class KubernetesTest(unittest.TestCase):
             self.assertIn(p["targetPort"], port_names)
         return svc
 
+    def container(self, spec, name):
+        (c,) = [c for c in spec["containers"] if c["name"] == name]
+        return c
+
     def test_agent_daemonset(self):
         labels = self.check_selector("DaemonSet", "stepwatch-agent")
         spec = self.pod_spec("DaemonSet", "stepwatch-agent")
         self.assertEqual(spec["runtimeClassName"], "nvidia")
-        (c,) = spec["containers"]
+        c = self.container(spec, "agent")
+        self.assertIs(spec["containers"][0], c)
         flags = self.flags(c)
         env = {e["name"]: e for e in c["env"]}
         self.assertEqual(env["NVIDIA_VISIBLE_DEVICES"]["value"], "all")
@@ -779,20 +797,17 @@ class KubernetesTest(unittest.TestCase):
             self.assertNotIn("grpc", collector.get(probe, {}), probe)
 
         aspec = self.pod_spec("DaemonSet", "stepwatch-agent")
-        (agent,) = aspec["containers"]
+        agent = self.container(aspec, "agent")
         aflags = self.flags(agent)
-        client = self.tls_secret_file(aspec, agent, aflags["tls-cert"])
-        self.assertIs(self.tls_secret_file(aspec, agent, aflags["tls-key"]), client)
-        self.assertIn("client auth", client["spec"]["usages"])
-        self.tls_secret_file(aspec, agent, aflags["tls-ca"])
+        # (The agent's own certificate: test_each_agent_gets_a_certificate_for_its_node.)
         # The agent verifies that the collectors' certificate names the Service it resolves (it
         # dials each pod's address, checking the certificate against the name); the pods' own
         # names are covered too.
         host = aflags["collector"].rsplit(":", 1)[0][len("dns:///"):]
         self.assertIn(host, server["spec"]["dnsNames"])
         self.assertIn(f"*.{host}", server["spec"]["dnsNames"])
-        # A certificate shared by every agent names no node: the node check must be off.
-        self.assertEqual(cflags.get("verify-node-identity"), "false")
+        # Each agent's certificate names its node: the collector checks it (the default).
+        self.assertNotIn("verify-node-identity", cflags)
 
         # Every Certificate chains to the CA Issuer, which the self-signed Issuer bootstraps.
         ca_issuer = self.objects[("Issuer", server["spec"]["issuerRef"]["name"])]
@@ -808,6 +823,138 @@ class KubernetesTest(unittest.TestCase):
                                  ca_issuer["metadata"]["name"], name)
         reader = self.objects[("Certificate", "stepwatch-reader")]
         self.assertIn("client auth", reader["spec"]["usages"])
+
+    def test_each_agent_gets_a_certificate_for_its_node(self):
+        """No Secret shared by every agent: the init container asks cert-manager for a certificate
+        whose name is spec.nodeName, the same source as the agent's --node, from the CA Issuer the
+        collectors trust; the sidecar renews it; the service account may ask for nothing else."""
+        spec = self.pod_spec("DaemonSet", "stepwatch-agent")
+        agent = self.container(spec, "agent")
+        flags = self.flags(agent)
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in agent["volumeMounts"]}
+        tls_dirs = {os.path.dirname(flags[f]) for f in ("tls-cert", "tls-key", "tls-ca")}
+        self.assertEqual(len(tls_dirs), 1)
+        tls_volume = mounts[tls_dirs.pop()]
+        self.assertNotIn("secret", volumes[tls_volume], "a Secret is the same on every node")
+        self.assertIn("emptyDir", volumes[tls_volume])
+        self.assertFalse(any("secret" in v and "agent" in v["secret"]["secretName"]
+                             and "tls" in v["secret"]["secretName"] for v in volumes.values()))
+
+        def node_name_source(container):
+            env = {e["name"]: e for e in container.get("env", [])}
+            return env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"]
+
+        self.assertEqual(flags["node"], "$(NODE_NAME)")
+        self.assertEqual(node_name_source(agent), "spec.nodeName")
+        writers = spec["initContainers"] + [c for c in spec["containers"] if c is not agent]
+        self.assertEqual([c["name"] for c in writers], ["certificate", "certificate-renewer"])
+        script_name = "agent-certificate.sh"
+        for c in writers:
+            with self.subTest(container=c["name"]):
+                self.assertEqual(c["image"], agent["image"])
+                self.assertEqual(node_name_source(c), "spec.nodeName")
+                cmounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+                self.assertEqual(cmounts[tls_volume], os.path.dirname(flags["tls-cert"]))
+                env = {e["name"]: e.get("value") for e in c["env"]}
+                self.assertEqual(env["STEPWATCH_TLS_DIR"], os.path.dirname(flags["tls-cert"]))
+                self.assertEqual(c["command"][1],
+                                 f"{cmounts['certificate-script']}/{script_name}")
+                self.assertTrue(volumes["certificate-script"]["configMap"]["name"]
+                                .startswith("stepwatch-agent-certificate"))
+                self.check_resources(c)
+                self.assertEqual(c["securityContext"]["capabilities"]["drop"], ["ALL"])
+        self.assertEqual(spec["containers"][1]["command"][-1], "--renew")
+        kustomization = load_yaml(os.path.join(K8S, "kustomization.yaml"))
+        (gen,) = kustomization["configMapGenerator"]
+        self.assertEqual((gen["name"], gen["files"]), ("stepwatch-agent-certificate",
+                                                       [script_name]))
+        # The script's certificate: CN and first DNS name are NODE_NAME (what --node gets), the
+        # key usage is client auth, the Issuer is the CA the collectors trust.
+        with open(os.path.join(K8S, script_name)) as f:
+            script = f.read()
+        self.assertIn('node="${NODE_NAME:?', script)
+        self.assertIn('-subj "/CN=${node}" -addext "subjectAltName=DNS:${node}"', script)
+        self.assertIn('"client auth"', script)
+        issuer = re.search(r'issuer="\$\{STEPWATCH_ISSUER:-([\w-]+)\}"', script).group(1)
+        ca_issuer = self.objects[("Issuer", issuer)]
+        cspec = self.pod_spec("StatefulSet", "stepwatch-collector")
+        server = self.tls_secret_file(cspec, cspec["containers"][0],
+                                      self.flags(cspec["containers"][0])["tls-client-ca"])
+        self.assertEqual(server["spec"]["issuerRef"]["name"], ca_issuer["metadata"]["name"])
+        # The service account may create, read and delete CertificateRequests, nothing else.
+        self.assertEqual(spec["serviceAccountName"], "stepwatch-agent")
+        binding = self.objects[("RoleBinding", "stepwatch-agent-certificates")]
+        self.assertIn({"kind": "ServiceAccount", "name": "stepwatch-agent",
+                       "namespace": "stepwatch"}, binding["subjects"])
+        role = self.objects[("Role", binding["roleRef"]["name"])]
+        self.assertEqual(role["rules"], [{"apiGroups": ["cert-manager.io"],
+                                          "resources": ["certificaterequests"],
+                                          "verbs": ["create", "get", "delete"]}])
+        # The only client certificate from a Secret is stepwatchctl's.
+        clients = [n for (k, n), d in self.objects.items()
+                   if k == "Certificate" and "client auth" in d["spec"].get("usages", [])]
+        self.assertEqual(clients, ["stepwatch-reader"])
+
+    def test_metrics_need_the_scrapers_password(self):
+        """Collector and agent /metrics ask for the password of one Secret, which both
+        ServiceMonitors send; the agent (hostNetwork) listens on the node's address only."""
+        mounts_for = {}
+        for kind, name, container in (("StatefulSet", "stepwatch-collector", "collector"),
+                                      ("DaemonSet", "stepwatch-agent", "agent")):
+            with self.subTest(workload=name):
+                spec = self.pod_spec(kind, name)
+                c = self.container(spec, container)
+                flags = self.flags(c)
+                path = flags["metrics-basic-auth-file"]
+                mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+                volume = {v["name"]: v for v in spec["volumes"]}[mounts[os.path.dirname(path)]]
+                self.assertEqual(volume["secret"]["secretName"], "stepwatch-metrics-auth")
+                self.assertIn({"key": "htpasswd", "path": os.path.basename(path)},
+                              volume["secret"]["items"])
+                mounts_for[name] = path
+                # The kubelet has no password: probes must not fetch /metrics.
+                for probe in ("readinessProbe", "livenessProbe"):
+                    self.assertNotIn("httpGet", c.get(probe, {}), probe)
+                sm = self.objects[("ServiceMonitor", name)]
+                for ep in sm["spec"]["endpoints"]:
+                    auth = ep["basicAuth"]
+                    self.assertEqual(auth["username"]["name"], "stepwatch-metrics-auth")
+                    self.assertEqual(auth["password"]["name"], "stepwatch-metrics-auth")
+        agent = self.container(self.pod_spec("DaemonSet", "stepwatch-agent"), "agent")
+        self.assertEqual(self.flags(agent)["metrics-listen"], "$(NODE_IP):9465")
+        env = {e["name"]: e for e in agent["env"]}
+        self.assertEqual(env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.hostIP")
+
+    def test_images_name_a_registry_that_kustomize_overrides(self):
+        """The images are not published: manifests name a registry placeholder (example.com) and
+        kustomization.yaml's images: section is where the operator names the real one."""
+        images = set()
+        for (kind, _), doc in self.objects.items():
+            if kind in ("DaemonSet", "StatefulSet"):
+                spec = doc["spec"]["template"]["spec"]
+                for c in spec.get("initContainers", []) + spec["containers"]:
+                    images.add(c["image"])
+        self.assertEqual(images, {"registry.example.com/stepwatch/agent:0.1.0",
+                                  "registry.example.com/stepwatch/collector:0.1.0"})
+        kustomization = load_yaml(os.path.join(K8S, "kustomization.yaml"))
+        names = {i["name"]: i for i in kustomization["images"]}
+        self.assertEqual(set(names), {i.rsplit(":", 1)[0] for i in images})
+        for entry in names.values():
+            self.assertTrue(entry["newName"].startswith("registry.example.com/"), entry)
+        # The override works: kustomize rewrites every image to the registry named there.
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "kustomization.yaml"), "w") as f:
+                yaml.safe_dump({"resources": [os.path.relpath(K8S, tmp)],
+                                "images": [{"name": n, "newName": "registry.test/sw/" +
+                                            n.rsplit("/", 1)[1], "newTag": "9.9"}
+                                           for n in names]}, f)
+            built = self.kubectl("kustomize", "--load-restrictor=LoadRestrictionsNone", tmp)
+        self.assertEqual(built.returncode, 0, built.stderr)
+        found = set(re.findall(r"image: (\S+)", built.stdout))
+        self.assertEqual(found, {"registry.test/sw/agent:9.9", "registry.test/sw/collector:9.9"})
+        with open(os.path.join(SOURCE_DIR, "docs", "deploy.md")) as f:
+            self.assertTrue("kustomize edit set image" in f.read(), "docs/deploy.md: the override")
 
     def test_agent_socket_is_for_the_training_group_only(self):
         spec = self.pod_spec("DaemonSet", "stepwatch-agent")
@@ -898,13 +1045,38 @@ class SystemdTest(unittest.TestCase):
         self.assertEqual(agent["socket-mode"], "0660")
         self.assertIn(agent["socket-group"], groups)
         self.assertIn("stepwatch-tls", groups)
+        # /metrics of both asks for the scrapers' password, kept with the keys.
+        for flags in (agent, collector):
+            self.assertEqual(flags["metrics-basic-auth-file"], tls + "metrics.htpasswd")
+        self.assertEqual(agent["metrics-listen"], "${STEPWATCH_METRICS_LISTEN}")
+        prometheus = load_yaml(os.path.join(DEPLOY, "prometheus", "prometheus.yml"))
+        for scrape in prometheus["scrape_configs"]:
+            self.assertEqual(scrape["basic_auth"]["username"], "prometheus", scrape["job_name"])
+            self.assertIn("password_file", scrape["basic_auth"])
+
+
+class ShippedDeploymentsTest(unittest.TestCase):
+
+    def test_node_identity_is_verified_in_every_shipped_deployment(self):
+        """No manifest, unit, Slurm script, image or script turns the collector's check that an
+        agent reports only the node its certificate names off."""
+        paths = [p for pattern in ("deploy/**/*", "docker/*", "scripts/*")
+                 for p in glob.glob(os.path.join(SOURCE_DIR, pattern), recursive=True)
+                 if os.path.isfile(p)]
+        self.assertGreater(len(paths), 20)
+        off = re.compile(r"verify[-_]node[-_]identity(=|\s+)(false|0|no)\b", re.I)
+        for path in paths:
+            with open(path, errors="replace") as f:
+                text = f.read()
+            self.assertIsNone(off.search(text), os.path.relpath(path, SOURCE_DIR))
+        self.assertIsNotNone(off.search("--verify-node-identity=false"))
 
 
 class SecurityDocsTest(unittest.TestCase):
     """docs/security.md names real flags, metrics and refusal reasons."""
     # Flags of other programs that the page shows (sidecars, groupadd).
     OTHER_TOOLS = {"secure-listen-address", "upstream", "tls-cert-file", "tls-private-key-file",
-                   "listen", "target", "system"}
+                   "listen", "target", "system", "pid", "fork"}
 
     @classmethod
     def setUpClass(cls):
@@ -972,6 +1144,21 @@ class SlurmTest(unittest.TestCase):
         result = self.run_script("epilog.sh", {"SLURM_JOB_ID": "1",
                                                "STEPWATCH_REPORT_DIR": "/nonexistent/x"})
         self.assertEqual(result.returncode, 0, result.stderr)
+
+    def test_epilog_reads_the_agents_configuration(self):
+        """The epilog's defaults are the agent unit's, and it reads the unit's EnvironmentFile."""
+        with open(os.path.join(DEPLOY, "systemd", "stepwatch-agent.service")) as f:
+            unit = f.read()
+        with open(os.path.join(self.SLURM, "epilog.sh")) as f:
+            epilog = f.read()
+        env_file = re.search(r"(?m)^EnvironmentFile=-?(\S+)$", unit).group(1)
+        self.assertIn(f'env_file="${{STEPWATCH_AGENT_ENV_FILE:-{env_file}}}"', epilog)
+        defaults = dict(re.findall(r"(?m)^Environment=(\w+)=(.*)$", unit))
+        self.assertIn(f'collector="{defaults["STEPWATCH_COLLECTOR"]}"', epilog)
+        self.assertIn(f'tls_dir="{defaults["STEPWATCH_TLS_DIR"]}"', epilog)
+        # The node's certificate by the name the unit gives it (%H: the host name).
+        self.assertIn("%H.pem", unit)
+        self.assertIn('node_cert="${tls_dir}/$(hostname)"', epilog)
 
     def test_scripts_pass_shellcheck(self):
         scripts = glob.glob(os.path.join(self.SLURM, "*.sh"))

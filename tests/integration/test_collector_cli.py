@@ -81,7 +81,11 @@ class CollectorCliTest(unittest.TestCase):
                          ["explain", "no-such-job"]):
                 result = ctl(c.grpc_addr, *args)
                 self.assertEqual(result.returncode, 1, args)
-                self.assertEqual(result.stderr, 'stepwatchctl: no job named "no-such-job"\n', args)
+                # One collector asked: says so, and how to ask every collector.
+                self.assertTrue(result.stderr.startswith(
+                    f'stepwatchctl: no job named "no-such-job" on the collector asked '
+                    f'({c.grpc_addr}); '), (args, result.stderr))
+                self.assertIn("--collector=dns:///NAME:PORT", result.stderr, args)
                 self.assertEqual(result.stdout, "", args)
 
     def test_explain_says_what_it_cannot_know(self):
@@ -114,6 +118,31 @@ class CollectorCliTest(unittest.TestCase):
             self.assertIn("ranks report only their step time", text)
             self.assertNotIn("100.0%", text)
             self.assertNotIn("+0%", text)
+
+    def test_cpu_only_straggler_names_its_local_rank_not_a_gpu(self):
+        # Ranks on a node without GPUs (no NVML) that send local_rank only: the finding says
+        # "local rank 2", never "GPU 2", in text and JSON (whose integers are numbers).
+        with Collector(self.tmpdir, tick=0.2) as c, Agent(self.tmpdir, c.grpc_addr) as a:
+            for step in range(60):
+                for rank in range(4):
+                    compute = 0.13 if rank == 2 else 0.10
+                    send_step(a.socket_path, step_event("cpu-job", rank, 4, step, 0.14,
+                                                        data_s=0.0, compute_s=compute,
+                                                        comm_s=0.14 - compute, local_rank=rank))
+
+            def straggler():
+                found = ctl_json(c.grpc_addr, "findings", "cpu-job")["findings"]
+                return next((f for f in found if f["kind"] == "straggler"), None)
+
+            f = wait_until(straggler, timeout=30, interval=0.3, message="cpu-job's straggler")
+            self.assertEqual(f["rank"], 2)
+            self.assertIsInstance(f["since_step"], int)
+            self.assertIn("rank 2 on node-0 local rank 2:", f["summary"])
+            self.assertNotIn("GPU 2", f["summary"])
+            text = ctl(c.grpc_addr, "findings", "cpu-job")
+            self.assertEqual(text.returncode, 0, text.stderr)
+            self.assertIn("local rank 2", text.stdout)
+            self.assertNotIn("GPU 2", text.stdout)
 
     def test_every_binary_prints_its_version(self):
         version = project_version()
@@ -214,11 +243,37 @@ class CollectorCliTest(unittest.TestCase):
     def test_help_documents_the_flags(self):
         result = subprocess.run([build_path("stepwatch-collector"), "--helpfull"],
                                 capture_output=True, text=True, timeout=30)
+        self.assertEqual(result.returncode, 0, result.stderr)
         text = result.stdout + result.stderr
-        for flag in ("grpc_listen", "metrics_listen", "state_dir", "expire", "max_jobs",
-                     "max_ranks_per_job", "max_nodes", "underutil_threshold",
-                     "export_node_metrics"):
-            self.assertIn(flag, text)
+        for flag in ("grpc-listen", "metrics-listen", "state-dir", "expire", "max-jobs",
+                     "max-ranks-per-job", "max-nodes", "underutil-threshold",
+                     "export-node-metrics"):
+            self.assertIn(f"  --{flag}=", text)
+
+    def test_every_binary_helps_with_dashed_flags_and_no_source_path(self):
+        """--help names flags as the docs spell them (--max-jobs), says underscores work too, and
+        shows no path of the machine that built it (Abseil's own help does both wrong)."""
+        expected = {"stepwatch-collector": ["--max-jobs=INT", "--verify-node-identity  "],
+                    "stepwatch-agent": ["--metrics-basic-auth-file=TEXT",
+                                        "--metrics-max-connections=INT"],
+                    "stepwatchctl": ["--auth-token-file=TEXT", "--tls-ca=TEXT"],
+                    "stepwatch-sim": [], "stepwatch-gpu-probe": []}
+        for binary, flags in expected.items():
+            for spelling in ("--help", "--helpshort", "--helpfull"):
+                with self.subTest(binary=binary, help=spelling):
+                    result = run(binary, spelling)
+                    self.assertEqual(result.returncode, 0, result.stderr)
+                    text = result.stdout
+                    self.assertTrue(text.startswith(f"{binary}: "), text[:200])
+                    self.assertIn("underscores work too", text)
+                    for flag in flags:
+                        self.assertIn(f"  {flag}", text)
+                    names = re.findall(r"(?m)^  --([\w-]+)", text)
+                    self.assertGreater(len(names), 2, text)
+                    self.assertEqual([n for n in names if "_" in n], [], text)
+                    self.assertNotIn("/work/", text)
+                    self.assertNotIn("main.cc", text)
+                    self.assertNotRegex(text, r"Flags from ")
 
 
 if __name__ == "__main__":

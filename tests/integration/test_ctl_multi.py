@@ -36,6 +36,18 @@ def identity(f):
             f["cause"])
 
 
+def quoted_integers(doc, path=""):
+    """Paths of strings in `doc` that hold an integer (how proto3 JSON prints int64 fields). The
+    test's job and node names are never bare numbers."""
+    if isinstance(doc, dict):
+        return [p for k, v in doc.items() for p in quoted_integers(v, f"{path}.{k}")]
+    if isinstance(doc, list):
+        return [p for i, v in enumerate(doc) for p in quoted_integers(v, f"{path}[{i}]")]
+    if isinstance(doc, str) and doc.lstrip("-").isdigit():
+        return [f"{path}={doc!r}"]
+    return []
+
+
 def job_rows(status):
     return {j["job"]: j for j in status["jobs"]}
 
@@ -192,12 +204,40 @@ class CtlMultiCollectorTest(unittest.TestCase):
         self.assertEqual(report_identities,
                          [("straggler", 3, "node-1", 3, -1, f["cause"]) for f in ab])
 
-        unknown = ctl(addrs, "explain", "no-such-job")
-        self.assertEqual(unknown.returncode, 1)
-        self.assertEqual(unknown.stderr, 'stepwatchctl: no job named "no-such-job"\n')
-        unknown = ctl(addrs, "findings", "no-such-job")
-        self.assertEqual(unknown.returncode, 1)
-        self.assertEqual(unknown.stderr, 'stepwatchctl: no job named "no-such-job"\n')
+        # A job nobody has: the error names every collector asked and how to ask all.
+        for command in ("explain", "findings", "status"):
+            unknown = ctl(addrs, command, "no-such-job")
+            self.assertEqual(unknown.returncode, 1, command)
+            self.assertTrue(unknown.stderr.startswith(
+                'stepwatchctl: no job named "no-such-job" on the collectors asked ('), command)
+            for x in (a, b, c):
+                self.assertIn(x.grpc_addr, unknown.stderr, command)
+            self.assertIn("--collector=HOST:PORT,HOST:PORT,...", unknown.stderr)
+            self.assertIn("--collector=dns:///NAME:PORT", unknown.stderr)
+
+        # One collector of three asked (a port-forward to one pod) for another's job: it says
+        # which collector it asked and how to ask them all, not only "no job named".
+        for command in ("explain", "findings", "status", "report"):
+            one = ctl(a.grpc_addr, command, "job-c")
+            self.assertEqual(one.returncode, 1, command)
+            self.assertIn(f'"job-c" on the collector asked ({a.grpc_addr}); each job lives on '
+                          "--replicas of the collectors", one.stderr, command)
+            self.assertIn("--collector=dns:///NAME:PORT", one.stderr, command)
+        # By name, every collector the name resolves to was asked: no such advice.
+        by_name = ctl(f"dns:///localhost:{a.grpc_port}", "explain", "job-c")
+        self.assertEqual(by_name.returncode, 1)
+        self.assertNotIn("collectors asked", by_name.stderr)
+
+        # Every --json answer prints integers as numbers (as report --json does), never strings.
+        for args in (["status"], ["status", "job-ab"], ["findings"], ["findings", "job-ab"],
+                     ["explain", "job-ab"], ["report"], ["report", "job-ab"]):
+            doc = ctl_json(addrs, *args)
+            self.assertEqual(quoted_integers(doc), [], args)
+        status = ctl_json(addrs, "status")
+        self.assertIsInstance(job_rows(status)["job-ab"]["last_step"], int)
+        self.assertIsInstance(job_rows(status)["job-ab"]["last_seen_unix_nanos"], int)
+        self.assertIsInstance(ctl_json(addrs, "findings")["findings"][0]["since_step"], int)
+        self.assertIsInstance(ctl_json(addrs, "explain", "job-ab")["job"]["last_step"], int)
 
         # One collector killed: the others' jobs are still listed, the dead one is warned about.
         c.kill()

@@ -66,6 +66,7 @@ class DemoTest(unittest.TestCase):
         runs and the findings at its end; returns its output and what Prometheus answered."""
         with_prometheus = os.path.exists(PROMETHEUS)
         env = dict(os.environ, STEPWATCH_DEMO_SECONDS="60", STEPWATCH_DEMO_SPEED="2",
+                   STEPWATCH_DEMO_ALERT_FOR="10s",
                    STEPWATCH_DEMO_COLLECTORS=str(collectors),
                    STEPWATCH_DEMO_PROMETHEUS=PROMETHEUS if with_prometheus else "0")
         demo = DemoRun(env)
@@ -133,6 +134,13 @@ class DemoTest(unittest.TestCase):
         self.assertEqual(len(agent_targets), NODES, config)
         self.assertEqual(len(re.findall(r'- "(127\.0\.0\.1:\d+)"', collector_part)), collectors)
         self.assertIn(hint.group(1), [f"http://{t}/metrics" for t in agent_targets])
+        # The shipped alerts wait minutes (`for:`), longer than the demo runs: the demo loads a
+        # copy whose waits are STEPWATCH_DEMO_ALERT_FOR, and says so.
+        alert_rules = re.search(r'"([^"]+/rules/stepwatch-alerts\.yml)"', config).group(1)
+        self.assertNotIn(os.path.join(SOURCE_DIR, "deploy"), alert_rules)
+        with open(alert_rules) as f:
+            waits = set(re.findall(r"(?m)^ +for: (\S+)$", f.read()))
+        self.assertEqual(waits, {"0m", "10s"})
         promtool = shutil.which("promtool")
         if promtool:
             check = subprocess.run([promtool, "check", "config", config_path],
@@ -153,6 +161,8 @@ class DemoTest(unittest.TestCase):
         if not with_prometheus:
             return None
         url = demo.search(r"demo: Prometheus (http://127\.0\.0\.1:\d+)").group(1)
+        wait_until(lambda: demo.search(r"Alerts fire after 10s here: the demo's copy of the rules"),
+                   timeout=30, interval=0.5, message="the note on the demo's alert rules")
 
         def query(expr):
             body = json.loads(http_get(f"{url}/api/v1/query?" +
@@ -183,9 +193,14 @@ class DemoTest(unittest.TestCase):
         slow = 'stepwatch_finding{job="llm-pretrain",kind="slow_node"}'
         wait_until(lambda: value(f"count(max by (node) ({slow}))") == 2, timeout=90, interval=1,
                    message="both slow nodes flagged in Prometheus")
-        alerts = wait_until(lambda: {a["metric"]["node"] for a in query(
-            'ALERTS{alertname="StepwatchSlowNode"}')} or None, timeout=30, interval=1,
-            message="StepwatchSlowNode pending or firing")
+        # Firing, not only pending, within the demo (its copy of the rules waits 10 s).
+        def firing():
+            nodes = {a["metric"]["node"] for a in query(
+                'ALERTS{alertname="StepwatchSlowNode",alertstate="firing"}')}
+            return nodes if len(nodes) >= 2 else None
+
+        alerts = wait_until(firing, timeout=40, interval=1,
+                            message="StepwatchSlowNode firing for both slow nodes")
         recorded = wait_until(lambda: value(
             'job_kind:stepwatch_findings:sum{job="llm-pretrain",kind="slow_node"}'),
             timeout=60, interval=1, message="the recorded findings of the job")

@@ -2,17 +2,20 @@
 short-lived child process that sends through the agent's socket, one rank computing 60% longer than
 the others. Its process exits, the job leaves `status`, and `stepwatchctl report` still tells the
 straggler with the steps it started and cleared at, also after a collector restart; the Slurm
-epilog saves the report."""
+epilog saves the report with the agent's configuration (its environment file: collectors, TLS
+directory, reader token), from a collector with mutual TLS and tokens too, and says why, in the
+logs and a <job>.error file, when it cannot (exit 0: a failing epilog drains the node)."""
 
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
 import tempfile
 import unittest
 
-from harness import Agent, Collector, SOURCE_DIR, build_path, ctl, ctl_json, wait_until
+from harness import Agent, Collector, SOURCE_DIR, build_path, ctl, ctl_json, free_port, wait_until
 
 PYTHON = "/usr/bin/python3"
 JOB = "report-job/1"  # a '/' in the name: its report file must still be safe
@@ -39,6 +42,37 @@ with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
 
 def jobs(collector):
     return {j["job"] for j in ctl_json(collector.grpc_addr, "status").get("jobs", [])}
+
+
+def run_epilog(tmp, env_file_lines, **env):
+    """deploy/slurm/epilog.sh as slurmd runs it on the job's first node, with the agent's
+    environment file holding `env_file_lines`. Returns (result, report dir, syslog lines)."""
+    bin_dir = os.path.join(tmp, "bin")
+    os.makedirs(bin_dir, exist_ok=True)
+    # Slurm is not installed here: a stand-in scontrol names this host as the first node, and a
+    # stand-in logger records what would go to syslog.
+    syslog = os.path.join(tmp, "syslog")
+    for name, body in (("scontrol", "hostname -s\n"),
+                       ("logger", f'printf "%s\\n" "$*" >>"{syslog}"\n')):
+        with open(os.path.join(bin_dir, name), "w") as f:
+            f.write("#!/bin/sh\n" + body)
+        os.chmod(os.path.join(bin_dir, name), stat.S_IRWXU)
+    env_file = os.path.join(tmp, "default-stepwatch-agent")
+    with open(env_file, "w") as f:
+        f.write("# /etc/default/stepwatch-agent\n" + "".join(l + "\n" for l in env_file_lines))
+    out_dir = os.path.join(tmp, "epilog-out")
+    full_env = {"PATH": bin_dir + ":/usr/bin:/bin", "SLURM_JOB_ID": "1",
+                "SLURM_JOB_NODELIST": socket.gethostname(), "STEPWATCH_JOB": JOB,
+                "STEPWATCH_AGENT_ENV_FILE": env_file, "STEPWATCHCTL": build_path("stepwatchctl"),
+                "STEPWATCH_REPORT_DIR": out_dir, "STEPWATCH_REPORT_WAIT": "5", **env}
+    result = subprocess.run(["/bin/bash", os.path.join(SOURCE_DIR, "deploy", "slurm",
+                                                        "epilog.sh")],
+                            env=full_env, capture_output=True, text=True, timeout=90)
+    lines = []
+    if os.path.exists(syslog):
+        with open(syslog) as f:
+            lines = f.read().splitlines()
+    return result, out_dir, lines
 
 
 class ReportTest(unittest.TestCase):
@@ -100,6 +134,12 @@ class ReportTest(unittest.TestCase):
         self.assertNotIn(JOB, jobs(self.collector))
         # The report is final once the job finished (written at the next tick).
         self.assert_final_report(self.report(JOB))
+        # Asked about the live job that is gone, stepwatchctl points to its report.
+        for command in ("explain", "status", "findings"):
+            gone = ctl(self.collector.grpc_addr, command, JOB)
+            self.assertEqual(gone.returncode, 1, command)
+            self.assertEqual(gone.stderr, f'stepwatchctl: job "{JOB}" has ended: its report says '
+                             f'what it had, run `stepwatchctl report {JOB}`\n', command)
         reports_dir = os.path.join(self.collector.state_dir, "reports")
         wait_until(lambda: "report-job%2F1.json" in os.listdir(reports_dir), timeout=10,
                    message="the report file")
@@ -127,28 +167,107 @@ class ReportTest(unittest.TestCase):
         self.run_epilog()
 
     def run_epilog(self):
-        """deploy/slurm/epilog.sh on the job's first node saves the text and JSON reports."""
-        bin_dir = os.path.join(self.tmp, "bin")
-        os.makedirs(bin_dir)
-        # Slurm is not installed here: a stand-in scontrol names this host as the first node.
-        scontrol = os.path.join(bin_dir, "scontrol")
-        with open(scontrol, "w") as f:
-            f.write("#!/bin/sh\nhostname -s\n")
-        os.chmod(scontrol, stat.S_IRWXU)
-        out_dir = os.path.join(self.tmp, "epilog-out")
-        env = {"PATH": bin_dir + ":/usr/bin:/bin", "SLURM_JOB_ID": "1",
-               "SLURM_JOB_NODELIST": socket.gethostname(), "STEPWATCH_JOB": JOB,
-               "STEPWATCH_COLLECTOR": self.collector.grpc_addr,
-               "STEPWATCHCTL": build_path("stepwatchctl"), "STEPWATCH_REPORT_DIR": out_dir,
-               "STEPWATCH_REPORT_WAIT": "5"}
-        result = subprocess.run(["/bin/bash", os.path.join(SOURCE_DIR, "deploy", "slurm",
-                                                            "epilog.sh")],
-                                env=env, capture_output=True, text=True, timeout=60)
+        """deploy/slurm/epilog.sh on the job's first node saves the text and JSON reports, asking
+        the collector the agent's environment file names (the same quoting systemd accepts)."""
+        result, out_dir, syslog = run_epilog(
+            self.tmp, [f'STEPWATCH_COLLECTOR="{self.collector.grpc_addr}"',
+                       f"STEPWATCH_TLS_DIR={self.tmp}/no-tls"])
         self.assertEqual(result.returncode, 0, result.stderr)
         with open(os.path.join(out_dir, "report-job_1.json")) as f:
             self.assert_final_report(json.load(f))
         with open(os.path.join(out_dir, "report-job_1.txt")) as f:
             self.assertIn("straggler", f.read())
+        self.assertFalse(os.path.exists(os.path.join(out_dir, "report-job_1.error")))
+        self.assertTrue(any("saved the report of job " + JOB in l for l in syslog), syslog)
+
+
+@unittest.skipIf(shutil.which("openssl") is None, "openssl is not installed")
+class EpilogTest(unittest.TestCase):
+    """The epilog with the agent's configuration against a collector that wants mutual TLS and
+    tokens, and against none at all."""
+
+    def setUp(self):
+        from test_security import AGENT_TOKEN, READER_TOKEN, Pki
+        self._tmp = tempfile.TemporaryDirectory(prefix="stepwatch-epilog-")
+        self.addCleanup(self._tmp.cleanup)
+        self.tmp = self._tmp.name
+        # The systemd layout: ca.pem and HOST.pem/.key in the TLS directory (the unit's %H).
+        self.tls_dir = os.path.join(self.tmp, "tls")
+        os.makedirs(self.tls_dir)
+        pki = Pki(self.tls_dir)
+        host = socket.gethostname()
+        server = pki.issue("server", "stepwatch-collector", "IP:127.0.0.1,DNS:localhost")
+        node_cert, node_key = pki.issue("node", host, f"DNS:{host}")
+        shutil.copy(node_cert, os.path.join(self.tls_dir, f"{host}.pem"))
+        shutil.copy(node_key, os.path.join(self.tls_dir, f"{host}.key"))
+        self.tokens = {}
+        for role, token in (("agent", AGENT_TOKEN), ("reader", READER_TOKEN)):
+            self.tokens[role] = os.path.join(self.tls_dir, f"{role}.token")
+            with open(self.tokens[role], "w") as f:
+                f.write(token + "\n")
+        collector_tokens = os.path.join(self.tmp, "collector-tokens")
+        with open(collector_tokens, "w") as f:
+            f.write(f"agent {AGENT_TOKEN}\nreader {READER_TOKEN}\n")
+        self.collector = Collector(self.tmp, tick=0.2, tls_cert=server[0], tls_key=server[1],
+                                   tls_client_ca=pki.ca, auth_token_file=collector_tokens)
+        self.ca = pki.ca
+        self.node = (node_cert, node_key)
+
+    def env_file(self, collector_addr, token="reader"):
+        return [f"STEPWATCH_COLLECTOR={collector_addr}", f"STEPWATCH_TLS_DIR='{self.tls_dir}'",
+                f"STEPWATCH_AGENT_ARGS=--auth-token-file={self.tokens['agent']}",
+                f"STEPWATCH_REPORT_TOKEN_FILE={self.tokens[token]}"]
+
+    def test_epilog_saves_the_report_over_mutual_tls_with_a_token(self):
+        self.collector.start()
+        self.addCleanup(self.collector.stop)
+        host = socket.gethostname()
+        agent = Agent(self.tmp, self.collector.grpc_addr, node=host, tls_ca=self.ca,
+                      tls_cert=self.node[0], tls_key=self.node[1],
+                      auth_token_file=self.tokens["agent"])
+        agent.start()
+        self.addCleanup(agent.stop)
+        p = subprocess.run([PYTHON, "-c", RANKS, agent.socket_path, JOB, str(WORLD), str(STEPS),
+                            str(SLOW_RANK)], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        # The list as the agent has it (every collector; a second, unreachable one included).
+        dead = f"127.0.0.1:{free_port()}"
+        result, out_dir, syslog = run_epilog(
+            self.tmp, self.env_file(f"{self.collector.grpc_addr},{dead}"))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(out_dir, "report-job_1.json")) as f:
+            report = json.load(f)
+        self.assertEqual(report["job"], JOB)
+        self.assertEqual(report["state"], "finished", result.stderr + agent.log()[-2000:])
+        with open(os.path.join(out_dir, "report-job_1.txt")) as f:
+            self.assertIn("straggler", f.read())
+        self.assertTrue(any("saved the report" in l for l in syslog), syslog)
+
+        # The agent's own token may only report: the epilog says why it saved nothing.
+        result, out_dir, syslog = run_epilog(self.tmp, self.env_file(self.collector.grpc_addr,
+                                                                     token="agent"))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("no report saved for job " + JOB, result.stderr)
+        self.assertFalse(os.path.exists(os.path.join(out_dir, "report-job_1.json")))
+        with open(os.path.join(out_dir, "report-job_1.error")) as f:
+            self.assertIn("reader", f.read().lower())
+        self.assertTrue(any(l.startswith("-t stepwatch -p user.err") for l in syslog), syslog)
+
+    def test_unreachable_collector_is_logged_and_marked(self):
+        dead = f"127.0.0.1:{free_port()}"
+        result, out_dir, syslog = run_epilog(self.tmp, self.env_file(dead),
+                                             STEPWATCH_REPORT_WAIT="2")
+        # Never fails the job (a failing epilog drains the node), but says why, everywhere.
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"no report saved for job {JOB} (collectors {dead})", result.stderr)
+        errors = [l for l in syslog if "-p user.err" in l]
+        self.assertEqual(len(errors), 1, syslog)
+        self.assertIn(dead, errors[0])
+        self.assertEqual(sorted(os.listdir(out_dir)), ["report-job_1.error"])
+        with open(os.path.join(out_dir, "report-job_1.error")) as f:
+            text = f.read()
+        self.assertIn(dead, text)
+        self.assertIn("no report saved", text)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "prometheus/client_metric.h"
 #include "prometheus/metric_family.h"
+#include "security/http_basic_auth.h"
 #include "tests/security/http_test_client.h"
 
 namespace stepwatch::security {
@@ -156,6 +157,61 @@ TEST_F(MetricsEndpointAuthTest, AsksForAPasswordAndChecksIt) {
     EXPECT_EQ(ok.rfind("HTTP/1.1 200 OK", 0), 0u) << ok;
   }
   EXPECT_EQ(collectable->collects.load(), 2);
+}
+
+TEST_F(MetricsEndpointAuthTest, AVerifiedCredentialIsCachedUntilTheFileChanges) {
+  BasicAuthUsers users(users_);
+  ASSERT_TRUE(users.Load().ok());
+  const std::string good = "Basic " + absl::Base64Escape("prometheus:scrape-secret");
+  const std::string bad = "Basic " + absl::Base64Escape("prometheus:wrong");
+  EXPECT_FALSE(users.VerifyCached(good)) << "nothing verified yet";
+  EXPECT_FALSE(users.Verify(bad));
+  EXPECT_FALSE(users.VerifyCached(bad)) << "failures are never cached";
+  EXPECT_TRUE(users.Verify(good));
+  EXPECT_TRUE(users.VerifyCached(good));
+  EXPECT_TRUE(users.VerifyCached(good));
+  EXPECT_FALSE(users.VerifyCached("Basic " + absl::Base64Escape("prometheus:scrape-secreT")));
+  BasicAuthUsers::Stats stats = users.stats();
+  EXPECT_EQ(stats.cached, 2u);
+  EXPECT_EQ(stats.verified, 1u);
+  EXPECT_EQ(stats.refused, 1u);
+  // A new file (the password rotated): the cached verdict is not trusted any more.
+  const char* salt = crypt_gensalt("$2b$", 4, nullptr, 0);
+  ASSERT_NE(salt, nullptr);
+  const std::string hash = crypt("rotated-secret", salt);
+  std::ofstream(users_ + ".tmp") << "prometheus:" << hash << "\n";
+  ASSERT_EQ(std::rename((users_ + ".tmp").c_str(), users_.c_str()), 0);
+  EXPECT_FALSE(users.VerifyCached(good));
+  EXPECT_FALSE(users.Verify(good));
+  EXPECT_FALSE(users.VerifyCached(good));
+}
+
+TEST_F(MetricsEndpointAuthTest, CachedScrapesDoNotWaitBehindAFloodOfWrongPasswords) {
+  // Cost 12 (~0.25 s a hash here): one worker and a full queue of wrong passwords would hold a
+  // scrape for seconds if it had to wait for them.
+  const char* salt = crypt_gensalt("$2b$", 12, nullptr, 0);
+  ASSERT_NE(salt, nullptr);
+  std::ofstream(users_) << "prometheus:" << crypt("scrape-secret", salt) << "\n";
+  auto collectable = std::make_shared<CountingCollectable>();
+  MetricsEndpointOptions options;
+  options.basic_auth_file = users_;
+  options.threads = 1;
+  auto endpoint = StartEndpoint(collectable, options);
+  ASSERT_NE(endpoint, nullptr);
+  const std::string good = Get("/metrics", Basic("prometheus:scrape-secret"));
+  ASSERT_EQ(Fetch(endpoint->port(), good).rfind("HTTP/1.1 200 OK", 0), 0u);
+  std::vector<std::unique_ptr<TestConnection>> flood;
+  for (int i = 0; i < 8; ++i) {
+    flood.push_back(std::make_unique<TestConnection>(endpoint->port()));
+    ASSERT_TRUE(flood.back()->Send(Get("/metrics", Basic("prometheus:wrong"))));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(Fetch(endpoint->port(), good).rfind("HTTP/1.1 200 OK", 0), 0u);
+  }
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  // Eight queued hashes take about 2 s; cached answers need none of them.
+  EXPECT_LT(elapsed, std::chrono::milliseconds(1500));
 }
 
 TEST_F(MetricsEndpointAuthTest, RefusesAFileWithoutBcryptHashes) {
