@@ -50,9 +50,9 @@ class FlagTest(unittest.TestCase):
     def test_help_explains_every_flag(self):
         result = run_agent("--help")
         text = result.stdout + result.stderr
-        for flag in ["collector", "socket", "node", "interval", "buffer", "nvml_library",
-                     "metrics_listen", "host_root", "reconnect_max_backoff", "shutdown_timeout"]:
-            self.assertIn(f"--{flag} (", text)
+        for flag in ["collector", "socket", "node", "interval", "buffer", "nvml-library",
+                     "metrics-listen", "host-root", "reconnect-max-backoff", "shutdown-timeout"]:
+            self.assertRegex(text, rf"\n  --{flag}=[A-Z]+  \(default: ")
 
 
 class AgentProcessTest(unittest.TestCase):

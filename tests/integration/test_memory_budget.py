@@ -100,5 +100,40 @@ class MemoryBudgetTest(unittest.TestCase):
         self.assertLess(time.monotonic() - started, 30)
 
 
+# Large valid batches on many concurrent streams: 200 nodes of 16,000 ranks and 64 GPUs, 4
+# batches each (about 1 MiB a batch), 16 client threads.
+BIG_FLOOD = {"nodes": 200, "ranks-per-node": 16000, "world-size": 100000, "gpus": 64,
+             "steps": 4, "threads": 16, "job-prefix": "big", "node-prefix": "big"}
+
+
+class MemoryBudgetLargeRequestsTest(unittest.TestCase):
+    """--max-memory-mib with many large, valid batches in flight at once: the tracked state stays
+    within the budget and the process's peak RSS within 1.5 x budget + 64 MiB."""
+
+    def test_large_batches_on_many_streams(self):
+        with tempfile.TemporaryDirectory(prefix="stepwatch-budget-big-") as tmp:
+            with Collector(tmp, max_memory_mib=BUDGET_MIB) as c:
+                flood = subprocess.run(
+                    [build_path("collector_flood"), f"--collector={c.grpc_addr}"]
+                    + [f"--{k}={v}" for k, v in BIG_FLOOD.items()],
+                    capture_output=True, text=True, timeout=120)
+                self.assertEqual(flood.returncode, 0, flood.stderr)
+                batches = BIG_FLOOD["nodes"] * BIG_FLOOD["steps"]
+                self.assertIn(f"batches_acked={batches}", flood.stdout, flood.stderr)
+                samples = c.scrape()
+                self.assertLessEqual(
+                    metric_value(samples, "stepwatch_collector_memory_accounted_bytes"),
+                    BUDGET_MIB << 20)
+                self.assertGreater(
+                    metric_value(samples, "stepwatch_collector_limit_hits_total", limit="memory"),
+                    0)
+                rss = peak_rss_mib(c.process.proc.pid)
+                print(f"\n{batches} batches of {BIG_FLOOD['ranks-per-node']} steps on "
+                      f"{BIG_FLOOD['threads']} threads: {flood.stdout.strip()}; peak RSS "
+                      f"{rss:.0f} MiB")
+                self.assertLessEqual(rss, 1.5 * BUDGET_MIB + 64,
+                                     f"peak RSS {rss:.0f} MiB over 1.5 x {BUDGET_MIB} MiB + 64 MiB")
+
+
 if __name__ == "__main__":
     unittest.main()

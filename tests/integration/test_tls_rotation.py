@@ -123,9 +123,12 @@ class TlsRotationTest(unittest.TestCase):
 
                     ingests()
                     # 1. The symlink swap: v2 (CA 2) is served, v1 no longer.
+                    swapped = time.monotonic()
                     self.swap_to("v2")
                     wait_until(lambda: self.serves(c.grpc_addr, self.ca2.ca), timeout=30,
                                interval=0.3, message="v2 served after the symlink swap")
+                    print(f"\nsymlink swap served after {time.monotonic() - swapped:.1f} s "
+                          "(--tls-reload-interval=1)")
                     self.assertFalse(self.serves(c.grpc_addr, self.ca1.ca))
                     self.assertEqual(self.counter(c, "stepwatch_collector_tls_reloads_total"), 1)
                     self.assertEqual(
@@ -162,6 +165,7 @@ class TlsRotationTest(unittest.TestCase):
             finally:
                 prober.finish()
             # Trusting both CAs, no new connection failed at any point.
+            print(f"prober: {prober.ok} connections, {len(prober.failures)} failed")
             self.assertEqual(prober.failures, [])
             self.assertGreater(prober.ok, 10)
             self.assertTrue(c.process.alive())
