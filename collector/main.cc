@@ -113,8 +113,8 @@ ABSL_FLAG(int32_t, grpc_memory_mib, 64,
           "gRPC's resource quota, MiB: the transport buffers gRPC reads into and writes from, "
           "across all connections. Not counted in it: decoded batches (at most "
           "--max-receive-message-mib each, --max-concurrent-streams per connection) and header "
-          "fields being decoded (a call's header list is capped at 16 KiB, but gRPC 1.51 "
-          "buffers one oversized field whole: docs/security.md, \"Header floods\").");
+          "fields being decoded (16 KiB a call for peers that acknowledge the collector's "
+          "SETTINGS; what gRPC 1.51 leaves open: docs/security.md, \"Header floods\").");
 ABSL_FLAG(int32_t, max_series, 100000,
           "Most series on /metrics in all (0: no cap), the collector's own aside; filled in "
           "order of importance (findings, flagged ranks, jobs, per-rank series, node up, GPU "

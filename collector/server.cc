@@ -1,5 +1,6 @@
 #include "collector/server.h"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +30,8 @@ namespace stepwatch::collector {
 namespace {
 
 constexpr char kStateFileName[] = "scaling_history";
+// How often freed heap memory is returned to the system (malloc_trim).
+constexpr absl::Duration kTrimInterval = absl::Seconds(10);
 
 // Says at start, where operators look, who can write to and read from this collector.
 void LogSecurityPosture(const CollectorServerOptions& o, bool tokens) {
@@ -243,6 +246,7 @@ void CollectorServer::TickerLoop() {
   const absl::Duration save_interval = absl::Nanoseconds(options_.save_interval_nanos);
   absl::Time next_tick = clock_->TimeNow() + tick;
   absl::Time next_save = clock_->TimeNow() + save_interval;
+  absl::Time next_trim = clock_->TimeNow() + kTrimInterval;
   while (true) {
     {
       absl::MutexLock lock(&ticker_mu_);
@@ -257,6 +261,12 @@ void CollectorServer::TickerLoop() {
       if (next_save <= now) next_save = now + save_interval;
       absl::Status st = SaveState();
       if (!st.ok()) SW_LOG_WARNING << "cannot save state: " << st;
+    }
+    if (now >= next_trim) {
+      next_trim = now + kTrimInterval;
+      // Hands freed heap pages back to the system: what a burst (a header flood, big batches)
+      // left behind would otherwise stay in RSS for good.
+      malloc_trim(0);
     }
   }
 }

@@ -1,6 +1,5 @@
 #include "collector/service.h"
 
-#include <chrono>
 #include <optional>
 #include <string>
 #include <utility>
@@ -18,13 +17,6 @@
 namespace stepwatch::collector {
 namespace {
 
-// Refused streams and malformed batches: logged at a bounded rate (a hostile client may send
-// them in a loop), always counted.
-LogRateLimiter& RefusalLogLimiter() {
-  static LogRateLimiter* const limiter = new LogRateLimiter(5, std::chrono::minutes(1));
-  return *limiter;
-}
-
 std::string Suppressed(uint64_t n) {
   return n > 0 ? absl::StrCat(" [", n, " similar suppressed]") : std::string();
 }
@@ -37,9 +29,10 @@ class ReportReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   // `authorized`: the outcome of the token check. `identity`: the node a verified client
   // certificate names (empty when node identity is not verified, or without client
   // certificates); every batch must claim that node. An error when the certificate names none.
-  ReportReactor(CollectorState* state, std::string peer, const absl::Status& authorized,
-                absl::StatusOr<std::string> identity)
-      : state_(state), peer_(std::move(peer)) {
+  // `refusal_log` (the service's) rate-limits the refusal warnings of every stream.
+  ReportReactor(CollectorState* state, LogRateLimiter* refusal_log, std::string peer,
+                const absl::Status& authorized, absl::StatusOr<std::string> identity)
+      : state_(state), refusal_log_(refusal_log), peer_(std::move(peer)) {
     if (!authorized.ok()) {
       state_->CountRefused(security::RefusalReason(authorized));
       SW_LOG_WARNING << "refusing ingest stream from " << peer_ << ": " << authorized.message();
@@ -53,7 +46,7 @@ class ReportReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       // A certificate the CA signed but that names no node could otherwise report as any node.
       state_->CountRefused("no_identity");
       uint64_t suppressed = 0;
-      if (RefusalLogLimiter().Allow(&suppressed)) {
+      if (refusal_log_->Allow(&suppressed)) {
         SW_LOG_WARNING << "refusing ingest stream from " << peer_ << ": "
                        << identity.status().message() << Suppressed(suppressed);
       }
@@ -151,7 +144,7 @@ class ReportReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   // Ends the stream for a batch that cannot be applied (already counted).
   void Refuse(grpc::StatusCode code, const std::string& why) {
     uint64_t suppressed = 0;
-    if (RefusalLogLimiter().Allow(&suppressed)) {
+    if (refusal_log_->Allow(&suppressed)) {
       SW_LOG_WARNING << "rejecting ingest stream from " << peer_ << ": " << why
                      << Suppressed(suppressed);
     }
@@ -159,6 +152,7 @@ class ReportReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   }
 
   CollectorState* const state_;
+  LogRateLimiter* const refusal_log_;
   const std::string peer_;
   std::string identity_;
   bool connected_ = false;
@@ -182,7 +176,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* IngestService::Repo
   if (verify_node_identity_) {
     identity = security::VerifiedNodeIdentity(*context->auth_context(), certificates_required_);
   }
-  return new ReportReactor(state_, context->peer(),
+  return new ReportReactor(state_, &refusal_log_, context->peer(),
                            authorizer_->Authorize(*context, security::Role::kAgent),
                            std::move(identity));
 }

@@ -2,7 +2,10 @@
 // (stepwatchctl), both on the callback API and both thin layers over CollectorState.
 #pragma once
 
+#include <chrono>
+
 #include "collector/state.h"
+#include "common/log.h"
 #include "security/authorizer.h"
 #include "stepwatch/v1/stepwatch.grpc.pb.h"
 
@@ -33,6 +36,9 @@ class IngestService final : public v1::Ingest::WithRawCallbackMethod_Report<v1::
   const security::Authorizer* const authorizer_;
   const bool verify_node_identity_;
   const bool certificates_required_;
+  // Refused streams and malformed batches: logged at a bounded rate (a hostile client may send
+  // them in a loop), always counted.
+  LogRateLimiter refusal_log_{5, std::chrono::minutes(1)};
 };
 
 class QueryService final : public v1::Query::CallbackService {

@@ -170,6 +170,43 @@ class TlsRotationTest(unittest.TestCase):
             self.assertGreater(prober.ok, 10)
             self.assertTrue(c.process.alive())
 
+    def test_agent_client_certificate_half_applied_rotation(self):
+        # The agent checks its client certificate the same way (every 10 s): a half-applied
+        # rotation is refused and logged, the old pair keeps shipping, the completed one is taken.
+        node_dir = os.path.join(self.certs, "node")
+        for version, days in (("n1", 2), ("n2", 3)):
+            cert, key = self.ca1.issue(f"node-{version}", "node-t", "DNS:node-t", days=days)
+            os.makedirs(os.path.join(node_dir, version))
+            shutil.copy(cert, os.path.join(node_dir, version, "cert.pem"))
+            shutil.copy(key, os.path.join(node_dir, version, "key.pem"))
+        os.symlink("n1", os.path.join(node_dir, "current"))
+        server_cert, server_key = self.generations["v1"]
+        with Collector(self.tmpdir, tls_cert=server_cert, tls_key=server_key,
+                       tls_client_ca=self.ca1.ca) as c:
+            current = os.path.join(node_dir, "current")
+            with Agent(self.tmpdir, c.grpc_addr, node="node-t", tls_ca=self.ca1.ca,
+                       tls_cert=os.path.join(current, "cert.pem"),
+                       tls_key=os.path.join(current, "key.pem")) as agent:
+                received = lambda: self.counter(c, "stepwatch_collector_steps_received_total")
+                agent.send(step_event("rot-agent", 0, 1, 0, 0.1))
+                wait_until(lambda: received() == 1, timeout=20, message="the agent's first step")
+                shutil.copy(os.path.join(node_dir, "n2", "cert.pem"),
+                            os.path.join(current, "cert.pem.tmp"))
+                os.replace(os.path.join(current, "cert.pem.tmp"), os.path.join(current, "cert.pem"))
+                wait_until(lambda: "TLS certificate not reloaded" in agent.log(), timeout=30,
+                           message="the agent to refuse the half-applied rotation")
+                self.assertIn("is not the private key of the certificate in --tls-cert",
+                              agent.log())
+                agent.send(step_event("rot-agent", 0, 1, 1, 0.1))
+                wait_until(lambda: received() == 2, timeout=20, message="a step after it")
+                shutil.copy(os.path.join(node_dir, "n2", "key.pem"),
+                            os.path.join(current, "key.pem.tmp"))
+                os.replace(os.path.join(current, "key.pem.tmp"), os.path.join(current, "key.pem"))
+                wait_until(lambda: "reloaded (checked to be a pair)" in agent.log(), timeout=30,
+                           message="the agent to take the completed rotation")
+                agent.send(step_event("rot-agent", 0, 1, 2, 0.1))
+                wait_until(lambda: received() == 3, timeout=20, message="a step after that")
+
     def test_a_mismatched_pair_fails_at_start(self):
         cert = os.path.join(self.certs, "v1", "cert.pem")
         key = os.path.join(self.certs, "v2", "key.pem")
