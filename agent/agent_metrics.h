@@ -9,27 +9,30 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/collector_link.h"
 #include "agent/collector_router.h"
 #include "agent/ingest_server.h"
-#include "agent/shipper.h"
+#include "http/metrics_endpoint.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
-#include "security/metrics_endpoint.h"
+#include "security/tls_credentials.h"
 
 namespace stepwatch::agent {
 
 struct AgentMetricsSources {
   // Value of the `node` label on every series.
   std::string node;
-  // Capacity of the shipper's buffer, in batches.
+  // Capacity of a link's buffer, in batches.
   uint64_t buffer_capacity_batches = 0;
   std::function<IngestStats()> ingest;
   // One collector's link (tests), or
-  std::function<ShipperStats()> shipper;
-  // every collector's: the totals under the families of `shipper`, plus per-collector families
-  // (label `collector`) and the router's own counters. Used instead of `shipper` when set.
+  std::function<CollectorLinkStats()> link;
+  // every collector's: the totals under the families of `link`, plus per-collector families
+  // (label `collector`) and the router's own counters. Used instead of `link` when set.
   std::function<CollectorRouterStats()> collectors;
   std::function<NodeSnapshot()> samples;
+  // The client certificate's reloads; unset without --tls-cert.
+  std::function<security::CheckedKeyCertPair::Stats()> tls;
 };
 
 class AgentCollectable : public prometheus::Collectable {
@@ -42,12 +45,12 @@ class AgentCollectable : public prometheus::Collectable {
 };
 
 // Serves /metrics on `listen` (HOST:PORT, ":PORT" for all interfaces, port 0 for any free port),
-// behind basic auth when `basic_auth_file` is set (security/metrics_endpoint.h).
+// behind basic auth when `basic_auth_file` is set (http/metrics_endpoint.h).
 class MetricsServer {
  public:
   // `options.listen` is the HOST:PORT to serve on.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
-      const security::MetricsEndpointOptions& options,
+      const http::MetricsEndpointOptions& options,
       std::shared_ptr<prometheus::Collectable> collectable);
   ~MetricsServer();
   // The bound port (useful with port 0).
@@ -56,7 +59,7 @@ class MetricsServer {
  private:
   MetricsServer() = default;
   std::shared_ptr<prometheus::Collectable> collectable_;
-  std::unique_ptr<security::MetricsEndpoint> endpoint_;
+  std::unique_ptr<http::MetricsEndpoint> endpoint_;
   int port_ = 0;
 };
 

@@ -13,11 +13,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "agent/cut_plan.h"
 
 namespace stepwatch::agent {
 namespace {
 
-void AddCounters(const ShipperStats& s, ShipperStats* sum) {
+void AddCounters(const CollectorLinkStats& s, CollectorLinkStats* sum) {
   sum->events_unspooled_total += s.events_unspooled_total;
   sum->batches_respooled_total += s.batches_respooled_total;
   sum->batches_created_total += s.batches_created_total;
@@ -90,7 +91,7 @@ absl::Status CollectorRouter::LockSpoolRoot() {
 
 absl::Status CollectorRouter::Start() {
   if (options_.link.agent_id.empty()) return absl::InvalidArgumentError("agent_id is required");
-  if (options_.link.interval <= absl::ZeroDuration()) {
+  if (options_.interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("interval must be > 0");
   }
   if (!options_.resolve && options_.targets.addresses.empty() && !options_.targets.is_dns()) {
@@ -145,9 +146,8 @@ absl::StatusOr<std::shared_ptr<CollectorRouter::Link>> CollectorRouter::MakeLink
     const std::string& address, bool at_start) {
   auto link = std::make_shared<Link>();
   link->address = address;
-  ShipperOptions o = options_.link;
+  CollectorLinkOptions o = options_.link;
   o.collector = address;
-  o.own_schedule = false;
   // A link of its own numbers its batches from 1: a boot_id of its own keeps the collector from
   // taking them for ones an earlier link to it already sent (collector/dedupe.h).
   o.boot_id = MakeBootId();
@@ -185,8 +185,8 @@ absl::StatusOr<std::shared_ptr<CollectorRouter::Link>> CollectorRouter::MakeLink
                      << "); its batches are held in memory only";
     }
   }
-  link->shipper = std::make_unique<Shipper>(o, nullptr, nullptr);
-  if (absl::Status st = link->shipper->Start(); !st.ok()) return st;
+  link->impl = std::make_unique<CollectorLink>(o, nullptr, nullptr);
+  if (absl::Status st = link->impl->Start(); !st.ok()) return st;
   return link;
 }
 
@@ -252,7 +252,7 @@ absl::Status CollectorRouter::Resolve(bool at_start) {
       absl::MutexLock lock(&mu_);
       if (stop_) {
         // Stop() has already taken the links it stops; this one stops here.
-        link->shipper->Stop(absl::ZeroDuration());
+        link->impl->Stop(absl::ZeroDuration());
         return absl::OkStatus();
       }
       links_.emplace(a, link);
@@ -260,7 +260,7 @@ absl::Status CollectorRouter::Resolve(bool at_start) {
       count = links_.size();
     }
     SW_LOG_INFO << "collector " << a << " added (" << count << " collectors, boot_id "
-                << link->shipper->boot_id() << ")";
+                << link->impl->boot_id() << ")";
   }
   return absl::OkStatus();
 }
@@ -269,14 +269,16 @@ void CollectorRouter::StopLinks(std::vector<std::shared_ptr<Link>> links,
                                 absl::Duration flush_timeout) {
   std::vector<std::thread> stoppers;
   for (const auto& link : links) {
-    stoppers.emplace_back([link, flush_timeout] { link->shipper->Stop(flush_timeout); });
+    stoppers.emplace_back([link, flush_timeout] { link->impl->Stop(flush_timeout); });
   }
   for (std::thread& t : stoppers) t.join();
   absl::MutexLock lock(&mu_);
-  for (const auto& link : links) AddRemovedTotals(link->shipper->stats());
+  for (const auto& link : links) AddRemovedTotals(link->impl->stats());
 }
 
-void CollectorRouter::AddRemovedTotals(const ShipperStats& s) { AddCounters(s, &removed_totals_); }
+void CollectorRouter::AddRemovedTotals(const CollectorLinkStats& s) {
+  AddCounters(s, &removed_totals_);
+}
 
 void CollectorRouter::Stop(absl::Duration flush_timeout) {
   {
@@ -304,7 +306,7 @@ void CollectorRouter::Stop(absl::Duration flush_timeout) {
 
 void CollectorRouter::TickerLoop() {
   // On the monotonic clock: a wall clock stepped back an hour must not hold the cuts for an hour.
-  absl::Duration next = clock_->MonotonicNow() + options_.link.interval;
+  absl::Duration next = clock_->MonotonicNow() + options_.interval;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -314,10 +316,10 @@ void CollectorRouter::TickerLoop() {
       }
     }
     Cut(/*with_samples=*/true);
-    next += options_.link.interval;
+    next += options_.interval;
     // After a stall skip missed ticks instead of bursting.
     const absl::Duration now = clock_->MonotonicNow();
-    if (next < now) next = now + options_.link.interval;
+    if (next < now) next = now + options_.interval;
   }
 }
 
@@ -336,7 +338,7 @@ void CollectorRouter::ResolverLoop() {
 }
 
 bool CollectorRouter::Reachable(const Link& link, absl::Duration now) const {
-  const LinkState state = link.shipper->link_state();
+  const LinkState state = link.impl->link_state();
   return state.connected || now - state.since < options_.failover_after;
 }
 
@@ -373,6 +375,38 @@ std::vector<std::string> CollectorRouter::collectors() const {
   return out;
 }
 
+// Bounded like RememberJob; a job gone for recent_job_window is forgotten with its owners.
+void CollectorRouter::TrackRecentJobs(const CutContents& cut, bool with_samples,
+                                      absl::Duration now) {
+  for (const v1::StepEvent& e : cut.steps) RememberJob(e.job(), now);
+  for (const v1::RankExit& x : cut.rank_exits) RememberJob(x.job(), now);
+  // A hung job sends no steps, but its owners still need this node's samples (its GPUs, and
+  // the node not reported quiet) while its processes live.
+  if (with_samples) {
+    for (const std::string& job : exits_.JobsWithLiveSenders()) RememberJob(job, now);
+  }
+  for (auto it = recent_jobs_.begin(); it != recent_jobs_.end();) {
+    if (now - it->second > options_.recent_job_window) {
+      job_owners_.erase(it->first);
+      recent_jobs_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void CollectorRouter::LogMoves(const std::vector<JobMove>& moves) {
+  for (const JobMove& m : moves) {
+    uint64_t suppressed = 0;
+    if (move_log_.Allow(&suppressed)) {
+      SW_LOG_INFO << "job " << m.job << " moved from collectors " << JoinOrNone(m.from) << " to "
+                  << JoinOrNone(m.to)
+                  << (suppressed > 0 ? absl::StrCat(" (", suppressed, " moves not logged)")
+                                     : std::string());
+    }
+  }
+}
+
 void CollectorRouter::Cut(bool with_samples) {
   absl::MutexLock cut_lock(&cut_mu_);
   // Timestamps on the wall clock, the recent-job window on the monotonic one.
@@ -401,127 +435,40 @@ void CollectorRouter::Cut(bool with_samples) {
       return;
     }
   }
+  CutContents cut;
+  cut.created_unix_nanos = now;
+  cut.node = std::move(reading.node);
+  cut.gpus = std::move(reading.gpus);
+  cut.host = std::move(reading.host);
   // Senders are checked before the steps are taken: a process's steps precede its exit.
-  std::vector<v1::RankExit> exits;
-  if (with_samples) exits = exits_.Check(absl::ToInt64Nanoseconds(now_time), now);
-  const std::vector<std::string> candidates = Candidates(links);
+  if (with_samples) cut.rank_exits = exits_.Check(absl::ToInt64Nanoseconds(now_time), now);
 
-  std::vector<v1::StepEvent> steps;
-  absl::flat_hash_map<std::string, std::vector<std::string>> owners;  // job -> collectors
-  std::set<std::string> node_owners;
-  struct Move {
-    std::string job;
-    std::vector<std::string> from, to;
-  };
-  std::vector<Move> moves;
+  CutPlanInput in;
+  for (const auto& [address, link] : links) in.links.push_back(address);
+  in.candidates = Candidates(links);
+  in.replicas = replicas_;
+  in.node_key = NodePlacementKey(options_.link.node_info.node());
+  in.with_samples = with_samples;
   {
     absl::MutexLock lock(&mu_);
-    steps.swap(pending_);
-    router_stats_.rank_exits_total += exits.size();
-    for (const v1::StepEvent& e : steps) RememberJob(e.job(), now_time);
-    for (const v1::RankExit& x : exits) RememberJob(x.job(), now_time);
-    // A hung job sends no steps, but its owners still need this node's samples (its GPUs, and
-    // the node not reported quiet) while its processes live.
-    if (with_samples) {
-      for (const std::string& job : exits_.JobsWithLiveSenders()) RememberJob(job, now_time);
-    }
-    for (auto it = recent_jobs_.begin(); it != recent_jobs_.end();) {
-      if (now_time - it->second > options_.recent_job_window) {
-        job_owners_.erase(it->first);
-        recent_jobs_.erase(it++);
-      } else {
-        ++it;
-      }
-    }
-    for (const auto& [job, seen] : recent_jobs_) {
-      std::vector<std::string> o = RendezvousOwners(job, candidates, replicas_);
-      node_owners.insert(o.begin(), o.end());
-      auto [it, inserted] = job_owners_.try_emplace(job, o);
-      if (!inserted && it->second != o) {
-        moves.push_back({job, it->second, o});
-        it->second = o;
-        ++counters_.job_moves_total;
-      }
-      owners.emplace(job, std::move(o));
-    }
+    cut.steps.swap(pending_);
+    router_stats_.rank_exits_total += cut.rank_exits.size();
+    TrackRecentJobs(cut, with_samples, now_time);
+    in.recent_jobs.reserve(recent_jobs_.size());
+    for (const auto& [job, seen] : recent_jobs_) in.recent_jobs.push_back(job);
+    in.previous_owners = job_owners_;
   }
-  for (const v1::StepEvent& e : steps) {
-    if (!owners.contains(e.job())) {
-      owners.emplace(e.job(), RendezvousOwners(e.job(), candidates, replicas_));
-    }
-  }
-  for (const v1::RankExit& x : exits) {
-    if (!owners.contains(x.job())) {
-      owners.emplace(x.job(), RendezvousOwners(x.job(), candidates, replicas_));
-    }
-  }
-  if (node_owners.empty()) {
-    for (std::string& a : RendezvousOwners(NodePlacementKey(options_.link.node_info.node()),
-                                           candidates, replicas_)) {
-      node_owners.insert(std::move(a));
-    }
-  }
-  for (const Move& m : moves) {
-    uint64_t suppressed = 0;
-    if (move_log_.Allow(&suppressed)) {
-      SW_LOG_INFO << "job " << m.job << " moved from collectors " << JoinOrNone(m.from) << " to "
-                  << JoinOrNone(m.to)
-                  << (suppressed > 0 ? absl::StrCat(" (", suppressed, " moves not logged)")
-                                     : std::string());
-    }
-  }
-
-  // Each collector's part of this cut, steps in arrival order.
-  std::map<std::string, CutContents> parts;
-  auto part = [&](const std::string& address) -> CutContents& {
-    auto [it, inserted] = parts.try_emplace(address);
-    if (inserted) {
-      it->second.created_unix_nanos = now;
-      it->second.node = reading.node;
-    }
-    return it->second;
-  };
-  for (v1::StepEvent& e : steps) {
-    const std::vector<std::string>& o = owners[e.job()];
-    for (size_t i = 0; i < o.size(); ++i) {
-      if (i + 1 == o.size()) {
-        part(o[i]).steps.push_back(std::move(e));
-      } else {
-        part(o[i]).steps.push_back(e);
-      }
-    }
-  }
-  for (const v1::RankExit& x : exits) {
-    for (const std::string& a : owners[x.job()]) part(a).rank_exits.push_back(x);
-  }
-  if (with_samples) {
-    for (const std::string& a : node_owners) {
-      CutContents& p = part(a);
-      p.gpus = reading.gpus;
-      p.host = reading.host;
-    }
-  }
+  CutPlan plan = PlanCut(in, std::move(cut));
   {
     absl::MutexLock lock(&mu_);
-    needed_.clear();
-    for (const auto& [address, contents] : parts) needed_.insert(address);
-    if (with_samples) needed_.insert(node_owners.begin(), node_owners.end());
+    job_owners_ = std::move(plan.owners);
+    counters_.job_moves_total += plan.moves.size();
+    needed_ = std::move(plan.needed);
     cut_once_ = true;
   }
-  // A reachable collector a job left (it went back to a collector that returned, or the list
-  // changed) stops expecting this node's ranks of it. An unreachable one is not told: if it
-  // returns, the job comes back to it and goes on with its history.
-  for (const Move& m : moves) {
-    for (const std::string& a : m.from) {
-      if (std::find(m.to.begin(), m.to.end(), a) != m.to.end() || links.count(a) == 0 ||
-          std::find(candidates.begin(), candidates.end(), a) == candidates.end()) {
-        continue;
-      }
-      part(a).released_jobs.push_back(m.job);
-    }
-  }
-  for (auto& [address, contents] : parts) {
-    links.at(address)->shipper->Enqueue(std::move(contents));
+  LogMoves(plan.moves);
+  for (auto& [address, contents] : plan.parts) {
+    links.at(address)->impl->Enqueue(std::move(contents));
   }
 }
 
@@ -549,33 +496,30 @@ CollectorRouterStats CollectorRouter::stats() const {
   const absl::Duration now = clock_->MonotonicNow();
   bool all_needed_connected = !links.empty();
   for (const auto& [address, link] : links) {
-    CollectorLinkStats l;
-    l.collector = address;
-    l.stats = link->shipper->stats();
-    l.boot_id = link->shipper->boot_id();
+    CollectorLinkStats l = link->impl->stats();
     if (link->no_spool) ++out.links_without_spool;
     l.reachable = Reachable(*link, now);
     l.owner = cut_once ? needed.count(address) > 0 : true;
     for (const auto& [job, o] : job_owners) {
       if (std::find(o.begin(), o.end(), address) != o.end()) ++l.jobs;
     }
-    if (l.owner && !l.stats.connected) all_needed_connected = false;
-    AddCounters(l.stats, &out.total);
-    out.total.buffered_batches += l.stats.buffered_batches;
-    out.total.buffered_bytes += l.stats.buffered_bytes;
-    out.total.unspooled_batches += l.stats.unspooled_batches;
-    out.total.unspooled_events += l.stats.unspooled_events;
-    out.total.last_seq = std::max(out.total.last_seq, l.stats.last_seq);
-    if (l.stats.spool) {
+    if (l.owner && !l.connected) all_needed_connected = false;
+    AddCounters(l, &out.total);
+    out.total.buffered_batches += l.buffered_batches;
+    out.total.buffered_bytes += l.buffered_bytes;
+    out.total.unspooled_batches += l.unspooled_batches;
+    out.total.unspooled_events += l.unspooled_events;
+    out.total.last_seq = std::max(out.total.last_seq, l.last_seq);
+    if (l.spool) {
       if (!out.total.spool) out.total.spool = SpoolStats{};
       SpoolStats& s = *out.total.spool;
-      s.batches += l.stats.spool->batches;
-      s.bytes += l.stats.spool->bytes;
-      s.replayed_batches_total += l.stats.spool->replayed_batches_total;
-      s.corrupt_records_total += l.stats.spool->corrupt_records_total;
-      s.dropped_batches_total += l.stats.spool->dropped_batches_total;
-      s.write_errors_total += l.stats.spool->write_errors_total;
-      s.boot_rewrites_in_place_total += l.stats.spool->boot_rewrites_in_place_total;
+      s.batches += l.spool->batches;
+      s.bytes += l.spool->bytes;
+      s.replayed_batches_total += l.spool->replayed_batches_total;
+      s.corrupt_records_total += l.spool->corrupt_records_total;
+      s.dropped_batches_total += l.spool->dropped_batches_total;
+      s.write_errors_total += l.spool->write_errors_total;
+      s.boot_rewrites_in_place_total += l.spool->boot_rewrites_in_place_total;
     }
     out.links.push_back(std::move(l));
   }

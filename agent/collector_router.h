@@ -1,5 +1,5 @@
 // Ships the agent's data to several collectors: every interval it samples the GPUs and the host
-// once, takes the pending step events, and hands each collector link (a Shipper with its own
+// once, takes the pending step events, and hands each collector link (a CollectorLink with its own
 // stream, acknowledgements, buffer, seqs, boot_id and spool) the part that collector holds:
 //   - a job's steps and rank exits go to the first R reachable collectors of
 //     RendezvousOrder(job, collectors) (common/collectors.h);
@@ -33,8 +33,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/collector_link.h"
+#include "agent/cut_plan.h"
 #include "agent/rank_exit_tracker.h"
-#include "agent/shipper.h"
 #include "agent/spool.h"
 #include "common/clock.h"
 #include "common/collectors.h"
@@ -63,31 +64,21 @@ struct CollectorRouterOptions {
   size_t max_recent_jobs = 4096;
   // A removed collector's link waits this long for its last acknowledgements.
   absl::Duration removed_flush_timeout = absl::Seconds(2);
-  // Template of every link: agent_id, node_info, interval (the router's schedule), bounds,
-  // backoff, timeouts, credentials, token, clock, rank_exits, max_pending_events. `collector`,
-  // `boot_id`, `spool` and `own_schedule` are set per link.
-  ShipperOptions link;
+  // The schedule: every interval one cut samples the node and hands every link its part (the
+  // links have no schedule of their own).
+  absl::Duration interval = absl::Seconds(1);
+  // Template of every link: agent_id, node_info, bounds, backoff, timeouts, credentials, token,
+  // clock, rank_exits, max_pending_events. `collector`, `boot_id` and `spool` are set per link.
+  CollectorLinkOptions link;
   // With a non-empty dir every link spools under dir/LinkSpoolName(address).
   SpoolOptions spool;
-};
-
-struct CollectorLinkStats {
-  std::string collector;
-  ShipperStats stats;
-  // Connected, or down for less than failover_after.
-  bool reachable = false;
-  // Given something by the last cut.
-  bool owner = false;
-  // Jobs seen recently that this collector holds.
-  uint64_t jobs = 0;
-  std::string boot_id;
 };
 
 struct CollectorRouterStats {
   // Counters summed over the links, the removed ones included; router-level values (pending and
   // dropped events, sample errors, rank exits) from the router. `connected`: every collector the
   // last cut needed is connected (nothing is only buffered).
-  ShipperStats total;
+  CollectorLinkStats total;
   std::vector<CollectorLinkStats> links;
   uint64_t links_added_total = 0;
   uint64_t links_removed_total = 0;
@@ -133,9 +124,9 @@ class CollectorRouter {
  private:
   struct Link {
     std::string address;
-    // Destroyed after the shipper that writes to it.
+    // Destroyed after the link that writes to it.
     std::unique_ptr<Spool> spool;
-    std::unique_ptr<Shipper> shipper;
+    std::unique_ptr<CollectorLink> impl;
     // A spool was configured but could not be opened (full disk): memory only.
     bool no_spool = false;
   };
@@ -154,8 +145,12 @@ class CollectorRouter {
   std::vector<std::string> Candidates(const Links& links) const;
   // `now`: the clock's MonotonicNow().
   bool Reachable(const Link& link, absl::Duration now) const;
-  void AddRemovedTotals(const ShipperStats& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddRemovedTotals(const CollectorLinkStats& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RememberJob(const std::string& job, absl::Duration now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Remembers the jobs of `cut` (and those with live senders) and forgets the expired ones.
+  void TrackRecentJobs(const CutContents& cut, bool with_samples, absl::Duration now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LogMoves(const std::vector<JobMove>& moves);
   bool Stopping() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_; }
 
   const CollectorRouterOptions options_;
@@ -188,9 +183,9 @@ class CollectorRouter {
   std::set<std::string> needed_ ABSL_GUARDED_BY(mu_);
   bool cut_once_ ABSL_GUARDED_BY(mu_) = false;
   // Counters of removed links, so that the totals never go down.
-  ShipperStats removed_totals_ ABSL_GUARDED_BY(mu_);
+  CollectorLinkStats removed_totals_ ABSL_GUARDED_BY(mu_);
   CollectorRouterStats counters_ ABSL_GUARDED_BY(mu_);
-  ShipperStats router_stats_ ABSL_GUARDED_BY(mu_);
+  CollectorLinkStats router_stats_ ABSL_GUARDED_BY(mu_);
 
   LogRateLimiter move_log_{10, std::chrono::seconds(60)};
   LogRateLimiter resolve_log_{3, std::chrono::seconds(300)};

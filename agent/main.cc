@@ -14,10 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "agent/agent_metrics.h"
+#include "agent/collector_link.h"
 #include "agent/collector_router.h"
 #include "agent/ingest_server.h"
 #include "agent/peer_strings.h"
-#include "agent/shipper.h"
 #include "common/clock.h"
 #include "common/collectors.h"
 #include "common/flags.h"
@@ -294,27 +294,28 @@ int main(int argc, char** argv) {
                       "and forged on the network";
   }
 
-  // One clock for every time reading and wait of the shipper.
+  // One clock for every time reading and wait of the links and the router.
   const stepwatch::RealClock clock;
-  agent::ShipperOptions shipper_options;
-  shipper_options.clock = &clock;
-  shipper_options.collector = collector;
-  shipper_options.credentials = client_security->credentials;
-  shipper_options.token = client_security->token;
-  shipper_options.agent_id = agent::MakeAgentId(node, socket_path);
-  shipper_options.node_info = node_info;
-  shipper_options.interval = interval;
-  shipper_options.max_buffered_batches = static_cast<size_t>(buffer);
-  shipper_options.max_buffered_bytes = static_cast<size_t>(buffer_bytes);
-  shipper_options.max_pending_events = static_cast<size_t>(max_pending);
-  shipper_options.backoff.max = max_backoff;
-  shipper_options.backoff.initial = std::min(absl::Milliseconds(100), max_backoff);
+  agent::CollectorLinkOptions link_options;
+  link_options.clock = &clock;
+  link_options.collector = collector;
+  link_options.credentials = client_security->credentials;
+  link_options.token = client_security->token;
+  link_options.tls_flags = {security::Enabled(tls), !tls.cert_file.empty()};
+  link_options.agent_id = agent::MakeAgentId(node, socket_path);
+  link_options.node_info = node_info;
+  link_options.max_buffered_batches = static_cast<size_t>(buffer);
+  link_options.max_buffered_bytes = static_cast<size_t>(buffer_bytes);
+  link_options.max_pending_events = static_cast<size_t>(max_pending);
+  link_options.backoff.max = max_backoff;
+  link_options.backoff.initial = std::min(absl::Milliseconds(100), max_backoff);
   agent::CollectorRouterOptions router_options;
   router_options.targets = *collector_targets;
+  router_options.interval = interval;
   router_options.resolve_interval = resolve_interval;
   router_options.replicas = replicas;
   router_options.failover_after = failover_after;
-  router_options.link = shipper_options;
+  router_options.link = link_options;
   // Links to resolved addresses verify the certificate against the name that was resolved.
   router_options.link.tls_server_name = collector_targets->dns_name;
   if (!spool_dir.empty()) {
@@ -394,7 +395,11 @@ int main(int argc, char** argv) {
     sources.ingest = [ingest_ptr] { return ingest_ptr->stats(); };
     sources.collectors = [&router] { return router.stats(); };
     sources.samples = [&router] { return router.LatestSamples(); };
-    security::MetricsEndpointOptions endpoint;
+    if (client_security->identity != nullptr) {
+      std::shared_ptr<security::CheckedKeyCertPair> identity = client_security->identity;
+      sources.tls = [identity] { return identity->stats(); };
+    }
+    http::MetricsEndpointOptions endpoint;
     endpoint.listen = metrics_listen;
     endpoint.basic_auth_file = absl::GetFlag(FLAGS_metrics_basic_auth_file);
     endpoint.threads = absl::GetFlag(FLAGS_metrics_threads);
@@ -418,7 +423,7 @@ int main(int argc, char** argv) {
               << " (receive buffer " << (*ingest)->receive_buffer_bytes() << " bytes), shipping to "
               << collector << " (" << router.collectors().size() << " collectors now, " << replicas
               << " per job) every " << absl::FormatDuration(interval) << " (agent_id "
-              << shipper_options.agent_id << ")";
+              << link_options.agent_id << ")";
 
   int sig = 0;
   while (sigwait(&signals, &sig) != 0) {
@@ -428,7 +433,7 @@ int main(int argc, char** argv) {
   (*ingest)->Stop();
   router.Stop(shutdown_timeout);
   metrics.reset();
-  const agent::ShipperStats s = router.stats().total;
+  const agent::CollectorLinkStats s = router.stats().total;
   SW_LOG_INFO << "stopped: " << s.events_shipped_total << " events shipped, "
               << s.batches_acknowledged_total << " of " << s.batches_created_total
               << " batches acknowledged, " << s.batches_dropped_total << " dropped";

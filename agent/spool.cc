@@ -21,7 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "agent/shipper.h"
+#include "agent/collector_link.h"
 #include "common/file.h"
 #include "common/log.h"
 
@@ -30,7 +30,7 @@ namespace {
 
 constexpr char kMagic[8] = {'S', 'W', 'S', 'P', 'O', 'O', 'L', '1'};
 constexpr size_t kHeaderBytes = 24;  // magic, seq (u64), length (u32), CRC-32C (u32)
-// No batch comes near this (the shipper keeps them under 4 MiB); a larger length is corruption.
+// No batch comes near this (a link keeps them under 4 MiB); a larger length is corruption.
 constexpr uint64_t kMaxRecordBytes = 256 << 20;
 constexpr char kBootFile[] = "boot";
 constexpr char kBootHeader[] = "stepwatch-spool 1";

@@ -16,6 +16,7 @@
 #include "analysis/stats.h"
 #include "analysis/timing.h"
 #include "analysis/window.h"
+#include "common/check.h"
 
 namespace stepwatch::analysis {
 
@@ -33,6 +34,8 @@ class Engine::Impl {
       if (hooks & Detector::kGpu) on_gpu_.push_back(i);
       if (auto* s = dynamic_cast<ScalingDetector*>(detectors_[i].get())) scaling_ = s;
     }
+    // SerializeScalingHistory() and LoadScalingHistory() go through it.
+    SW_CHECK(scaling_ != nullptr) << "MakeDetectors() built no scaling detector";
   }
 
   absl::Status AddStep(const StepEvent& s);
@@ -162,6 +165,9 @@ absl::Status Engine::Impl::AddValidatedStep(const StepEvent& s) {
   }
   JobRecord& job = *it->second;
   if (job.world_size != s.world_size) ResetJob(job, s.world_size);  // rescaled
+  // ValidateStepEvent (or the caller of AddValidatedStep) keeps rank within 0..world_size-1.
+  SW_DCHECK(s.rank >= 0 && s.rank < job.world_size)
+      << "rank " << s.rank << " of " << job.world_size;
   const RankInfo& r = job.ranks[s.rank];
   if (r.present && s.step <= r.last_step) {
     // A duplicate or an old resend, unless the job went back far: a restart from a checkpoint.
@@ -205,6 +211,9 @@ absl::Status Engine::Impl::AddValidatedStep(const StepEvent& s) {
   return absl::OkStatus();
 }
 
+// A section is stored by its index in the job's names, in one byte.
+static_assert(kMaxSectionsPerJob <= 256);
+
 void Engine::Impl::IndexSections(JobRecord& job, const StepEvent& s, Pending* p, Entry* e) {
   std::vector<std::string>& names = job.section_names;
   e->sections_begin = static_cast<uint32_t>(p->sections.size());
@@ -218,6 +227,7 @@ void Engine::Impl::IndexSections(JobRecord& job, const StepEvent& s, Pending* p,
       }
       names.push_back(name);
     }
+    SW_DCHECK(index < names.size());
     p->sections.push_back({static_cast<uint8_t>(index), static_cast<float>(seconds)});
   }
   e->sections_count = static_cast<uint8_t>(p->sections.size() - e->sections_begin);

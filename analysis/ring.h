@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <vector>
 
+#include "common/check.h"
+
 namespace stepwatch::analysis {
 
 template <typename T>
@@ -33,10 +35,19 @@ class Ring {
     return dropped;
   }
 
-  // i = 0 is the oldest element.
-  const T& operator[](size_t i) const { return buf_[(head_ + i) % buf_.size()]; }
-  T& operator[](size_t i) { return buf_[(head_ + i) % buf_.size()]; }
-  const T& back() const { return (*this)[size_ - 1]; }
+  // i = 0 is the oldest element; i < size(). Hot: checked in debug builds only.
+  const T& operator[](size_t i) const {
+    SW_DCHECK(i < size_) << "index " << i << " of " << size_;
+    return buf_[(head_ + i) % buf_.size()];
+  }
+  T& operator[](size_t i) {
+    SW_DCHECK(i < size_) << "index " << i << " of " << size_;
+    return buf_[(head_ + i) % buf_.size()];
+  }
+  const T& back() const {
+    SW_DCHECK(size_ > 0);
+    return (*this)[size_ - 1];
+  }
 
   void Clear() {
     head_ = 0;

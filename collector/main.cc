@@ -8,9 +8,12 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "collector/server.h"
 #include "common/clock.h"
@@ -169,25 +172,31 @@ ABSL_FLAG(double, straggler_min_seconds, 0.002,
 
 namespace {
 
+namespace collector = stepwatch::collector;
+
+constexpr char kProgram[] = "stepwatch-collector";
+
 int64_t SecondsToNanos(double s) { return static_cast<int64_t>(std::llround(s * 1e9)); }
 
 bool Positive(double v) { return std::isfinite(v) && v > 0; }
 
-}  // namespace
+// A flag error as main reports it, by code: InvalidArgument, a malformed value (a usage error,
+// exit 2); OutOfRange, a value out of its range (logged, exit 2); FailedPrecondition, what the
+// process cannot use (a startup error, exit 1). Returns the exit status where it does not exit.
+int ReportFlagError(const absl::Status& error) {
+  if (error.code() == absl::StatusCode::kInvalidArgument) {
+    stepwatch::UsageError(kProgram, error.message());
+  }
+  if (error.code() == absl::StatusCode::kFailedPrecondition) {
+    stepwatch::StartupError(kProgram, error.message());
+  }
+  SW_LOG_ERROR << error.message();
+  return 2;
+}
 
-int main(int argc, char** argv) {
-  stepwatch::FlagsSpec spec;
-  spec.program = "stepwatch-collector";
-  spec.main_file = "collector/main.cc";
-  spec.usage =
-      "gathers step timings and GPU/host samples from stepwatch agents, "
-      "finds stragglers, underutilized GPUs and lost scaling, and serves them to Prometheus "
-      "(/metrics) and stepwatchctl (gRPC Query).\n"
-      "Usage: stepwatch-collector --grpc-listen=HOST:PORT --metrics-listen=HOST:PORT "
-      "[--state-dir=DIR] [--expire=SECONDS] ...\n"
-      "Flags may be spelled with dashes or underscores; durations are seconds, fractions "
-      "allowed.";
-  stepwatch::ParseFlagsOrExit(argc, argv, spec);
+// The listen addresses parse, their ports are free and --state-dir is writable: before anything
+// starts, since gRPC reports a busy port only as log noise.
+absl::Status CheckAddressesAndStateDir() {
   const std::pair<const char*, std::string> listeners[] = {
       {"--grpc-listen", absl::GetFlag(FLAGS_grpc_listen)},
       {"--metrics-listen", absl::GetFlag(FLAGS_metrics_listen)}};
@@ -195,36 +204,25 @@ int main(int argc, char** argv) {
     if (address.empty() && std::string(flag) == "--metrics-listen") continue;  // disabled
     if (absl::StatusOr<stepwatch::HostPort> parsed = stepwatch::ParseHostPort(address);
         !parsed.ok()) {
-      stepwatch::UsageError(spec.program, parsed.status().message());
+      return absl::InvalidArgumentError(parsed.status().message());
     }
   }
-  // Before anything starts: gRPC reports a busy port only as log noise.
   for (const auto& [flag, address] : listeners) {
     if (address.empty()) continue;
     if (absl::Status st = stepwatch::CheckCanListen(address); !st.ok()) {
-      stepwatch::StartupError(spec.program, absl::StrCat(flag, "=", address, ": ", st.message()));
+      return absl::FailedPreconditionError(absl::StrCat(flag, "=", address, ": ", st.message()));
     }
   }
   if (const std::string dir = absl::GetFlag(FLAGS_state_dir); !dir.empty()) {
     if (absl::Status st = stepwatch::EnsureWritableDirectory(dir); !st.ok()) {
-      stepwatch::StartupError(spec.program, absl::StrCat("--state-dir=", dir, ": ", st.message()));
+      return absl::FailedPreconditionError(absl::StrCat("--state-dir=", dir, ": ", st.message()));
     }
   }
+  return absl::OkStatus();
+}
 
-  stepwatch::collector::CollectorServerOptions options;
-  options.grpc_listen = absl::GetFlag(FLAGS_grpc_listen);
-  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  options.state_dir = absl::GetFlag(FLAGS_state_dir);
-  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
-  options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
-  options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
-  options.tls.reload_interval_seconds =
-      static_cast<unsigned int>(std::max(1.0, std::ceil(absl::GetFlag(FLAGS_tls_reload_interval))));
-  options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
-  options.verify_node_identity = absl::GetFlag(FLAGS_verify_node_identity);
-  options.metrics_endpoint.basic_auth_file = absl::GetFlag(FLAGS_metrics_basic_auth_file);
-  options.metrics_endpoint.threads = absl::GetFlag(FLAGS_metrics_threads);
-  options.metrics_endpoint.max_connections = absl::GetFlag(FLAGS_metrics_max_connections);
+// Durations, fractions and counts within their ranges (OutOfRange otherwise).
+absl::Status CheckRanges() {
   const std::pair<const char*, double> must_be_positive[] = {
       {"expire", absl::GetFlag(FLAGS_expire)},
       {"node_down_after", absl::GetFlag(FLAGS_node_down_after)},
@@ -245,8 +243,8 @@ int main(int argc, char** argv) {
   };
   for (const auto& [name, value] : must_be_positive) {
     if (!Positive(value)) {
-      SW_LOG_ERROR << "--" << name << " must be a positive number, got " << value;
-      return 2;
+      return absl::OutOfRangeError(
+          absl::StrCat("--", name, " must be a positive number, got ", value));
     }
   }
   const std::pair<const char*, int32_t> limits[] = {
@@ -265,79 +263,142 @@ int main(int argc, char** argv) {
       {"metrics_max_connections", absl::GetFlag(FLAGS_metrics_max_connections)},
   };
   for (const auto& [name, value] : limits) {
-    if (value <= 0) {
-      SW_LOG_ERROR << "--" << name << " must be positive, got " << value;
-      return 2;
-    }
+    if (value <= 0)
+      return absl::OutOfRangeError(absl::StrCat("--", name, " must be positive, got ", value));
   }
   if (!(absl::GetFlag(FLAGS_running_report_save_interval) >= 0)) {
-    SW_LOG_ERROR << "--running-report-save-interval must be 0 or a positive number of seconds";
-    return 2;
+    return absl::OutOfRangeError(
+        "--running-report-save-interval must be 0 or a positive number of seconds");
   }
   if (absl::GetFlag(FLAGS_shutdown_grace) < 0 || absl::GetFlag(FLAGS_max_finding_series) < 0 ||
       absl::GetFlag(FLAGS_top_ranks) < 0 || absl::GetFlag(FLAGS_max_rank_series) < 0) {
-    SW_LOG_ERROR << "--shutdown_grace, --max_finding_series, --top_ranks and --max_rank_series "
-                    "must not be negative";
-    return 2;
+    return absl::OutOfRangeError(
+        "--shutdown_grace, --max_finding_series, --top_ranks and --max_rank_series must not be "
+        "negative");
   }
+  return absl::OkStatus();
+}
+
+// The listeners, TLS, authentication, /metrics and gRPC limits (state options aside).
+absl::StatusOr<collector::CollectorServerOptions> ServerOptionsFromFlags() {
+  collector::CollectorServerOptions options;
+  options.grpc_listen = absl::GetFlag(FLAGS_grpc_listen);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.tls.reload_interval_seconds =
+      static_cast<unsigned int>(std::max(1.0, std::ceil(absl::GetFlag(FLAGS_tls_reload_interval))));
+  options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  options.verify_node_identity = absl::GetFlag(FLAGS_verify_node_identity);
+  options.metrics_endpoint.basic_auth_file = absl::GetFlag(FLAGS_metrics_basic_auth_file);
+  options.metrics_endpoint.threads = absl::GetFlag(FLAGS_metrics_threads);
+  options.metrics_endpoint.max_connections = absl::GetFlag(FLAGS_metrics_max_connections);
   options.tick_nanos = SecondsToNanos(absl::GetFlag(FLAGS_tick));
   options.save_interval_nanos = SecondsToNanos(absl::GetFlag(FLAGS_save_interval));
   options.metrics.max_finding_series = absl::GetFlag(FLAGS_max_finding_series);
   options.metrics.max_series = std::max(0, absl::GetFlag(FLAGS_max_series));
   if (const std::string scope = absl::GetFlag(FLAGS_export_node_metrics); scope == "findings") {
-    options.metrics.export_node_metrics = stepwatch::collector::NodeMetricsExport::kFindings;
+    options.metrics.export_node_metrics = collector::NodeMetricsExport::kFindings;
   } else if (scope == "all") {
-    options.metrics.export_node_metrics = stepwatch::collector::NodeMetricsExport::kAll;
+    options.metrics.export_node_metrics = collector::NodeMetricsExport::kAll;
   } else {
-    stepwatch::UsageError(
-        spec.program,
+    return absl::InvalidArgumentError(
         absl::StrCat("--export-node-metrics must be findings or all, got \"", scope, "\""));
   }
   options.max_receive_message_bytes = std::min(absl::GetFlag(FLAGS_max_receive_message_mib), 1024)
                                       << 20;
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.grpc_memory_bytes = int64_t{absl::GetFlag(FLAGS_grpc_memory_mib)} << 20;
-  stepwatch::collector::CollectorStateOptions& st = options.state;
+  return options;
+}
+
+// The diagnosis engine's windows, thresholds and limits on jobs and ranks.
+stepwatch::analysis::EngineOptions EngineOptionsFromFlags() {
+  stepwatch::analysis::EngineOptions e;
+  e.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  e.max_ranks_per_job = absl::GetFlag(FLAGS_max_ranks_per_job);
+  e.window_steps = absl::GetFlag(FLAGS_window_steps);
+  e.step_grace_nanos = SecondsToNanos(absl::GetFlag(FLAGS_step_grace));
+  e.underutil_threshold = absl::GetFlag(FLAGS_underutil_threshold);
+  e.underutil_window_nanos = SecondsToNanos(absl::GetFlag(FLAGS_underutil_window));
+  e.scaling_threshold = absl::GetFlag(FLAGS_scaling_threshold);
+  e.regression_threshold = absl::GetFlag(FLAGS_regression_threshold);
+  e.stall_multiple = absl::GetFlag(FLAGS_stall_multiple);
+  e.stall_floor_nanos = SecondsToNanos(absl::GetFlag(FLAGS_stall_floor));
+  e.straggler_window = absl::GetFlag(FLAGS_straggler_window);
+  e.straggler_rel_margin = absl::GetFlag(FLAGS_straggler_margin);
+  e.straggler_abs_margin_seconds = absl::GetFlag(FLAGS_straggler_min_seconds);
+  return e;
+}
+
+// Expiry, limits, the memory budget, per-rank series, reports and deduplication under
+// `state_dir` (empty: none).
+absl::StatusOr<collector::CollectorStateOptions> StateOptionsFromFlags(
+    const std::string& state_dir) {
+  collector::CollectorStateOptions st;
+  st.engine = EngineOptionsFromFlags();
   st.expire_nanos = SecondsToNanos(absl::GetFlag(FLAGS_expire));
   st.max_clock_skew_nanos = SecondsToNanos(absl::GetFlag(FLAGS_max_clock_skew));
   st.node_down_nanos = SecondsToNanos(absl::GetFlag(FLAGS_node_down_after));
-  st.engine.max_jobs = absl::GetFlag(FLAGS_max_jobs);
-  st.engine.max_ranks_per_job = absl::GetFlag(FLAGS_max_ranks_per_job);
   st.max_nodes = absl::GetFlag(FLAGS_max_nodes);
   st.max_gpus_per_node = absl::GetFlag(FLAGS_max_gpus_per_node);
   st.max_jobs_per_node = absl::GetFlag(FLAGS_max_jobs_per_node);
   if (st.max_jobs_per_node < 0) {
-    SW_LOG_ERROR << "--max_jobs_per_node must not be negative, got " << st.max_jobs_per_node;
-    return 2;
+    return absl::OutOfRangeError(
+        absl::StrCat("--max_jobs_per_node must not be negative, got ", st.max_jobs_per_node));
   }
   st.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_mib) < 0
-                            ? stepwatch::collector::DefaultMemoryBudgetBytes()
+                            ? collector::DefaultMemoryBudgetBytes()
                             : int64_t{absl::GetFlag(FLAGS_max_memory_mib)} << 20;
   if (st.max_memory_bytes > 0) {
     SW_LOG_INFO << "memory budget " << (st.max_memory_bytes >> 20) << " MiB (--max-memory-mib)";
   }
   st.top_ranks_per_job = absl::GetFlag(FLAGS_top_ranks);
-  if (!options.state_dir.empty()) st.reports.dir = absl::StrCat(options.state_dir, "/reports");
-  if (!options.state_dir.empty()) {
-    st.dedupe.journal_path = absl::StrCat(options.state_dir, "/dedupe.journal");
+  st.max_rank_series = absl::GetFlag(FLAGS_max_rank_series);
+  if (!state_dir.empty()) {
+    st.reports.dir = absl::StrCat(state_dir, "/reports");
+    st.dedupe.journal_path = absl::StrCat(state_dir, "/dedupe.journal");
   }
   st.reports.retention_nanos = SecondsToNanos(absl::GetFlag(FLAGS_report_retention));
   st.reports.max_reports = absl::GetFlag(FLAGS_max_reports);
   st.reports.running_save_interval_nanos =
       SecondsToNanos(std::max(0.0, absl::GetFlag(FLAGS_running_report_save_interval)));
   st.reports.max_findings_per_report = absl::GetFlag(FLAGS_max_report_findings);
-  st.max_rank_series = absl::GetFlag(FLAGS_max_rank_series);
-  st.engine.window_steps = absl::GetFlag(FLAGS_window_steps);
-  st.engine.step_grace_nanos = SecondsToNanos(absl::GetFlag(FLAGS_step_grace));
-  st.engine.underutil_threshold = absl::GetFlag(FLAGS_underutil_threshold);
-  st.engine.underutil_window_nanos = SecondsToNanos(absl::GetFlag(FLAGS_underutil_window));
-  st.engine.scaling_threshold = absl::GetFlag(FLAGS_scaling_threshold);
-  st.engine.regression_threshold = absl::GetFlag(FLAGS_regression_threshold);
-  st.engine.stall_multiple = absl::GetFlag(FLAGS_stall_multiple);
-  st.engine.stall_floor_nanos = SecondsToNanos(absl::GetFlag(FLAGS_stall_floor));
-  st.engine.straggler_window = absl::GetFlag(FLAGS_straggler_window);
-  st.engine.straggler_rel_margin = absl::GetFlag(FLAGS_straggler_margin);
-  st.engine.straggler_abs_margin_seconds = absl::GetFlag(FLAGS_straggler_min_seconds);
+  return st;
+}
+
+// Every option from the flags, checked in the order errors are reported.
+absl::StatusOr<collector::CollectorServerOptions> OptionsFromFlags() {
+  if (absl::Status st = CheckAddressesAndStateDir(); !st.ok()) return st;
+  if (absl::Status st = CheckRanges(); !st.ok()) return st;
+  absl::StatusOr<collector::CollectorServerOptions> options = ServerOptionsFromFlags();
+  if (!options.ok()) return options.status();
+  absl::StatusOr<collector::CollectorStateOptions> state =
+      StateOptionsFromFlags(options->state_dir);
+  if (!state.ok()) return state.status();
+  options->state = *std::move(state);
+  return options;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  stepwatch::FlagsSpec spec;
+  spec.program = kProgram;
+  spec.main_file = "collector/main.cc";
+  spec.usage =
+      "gathers step timings and GPU/host samples from stepwatch agents, "
+      "finds stragglers, underutilized GPUs and lost scaling, and serves them to Prometheus "
+      "(/metrics) and stepwatchctl (gRPC Query).\n"
+      "Usage: stepwatch-collector --grpc-listen=HOST:PORT --metrics-listen=HOST:PORT "
+      "[--state-dir=DIR] [--expire=SECONDS] ...\n"
+      "Flags may be spelled with dashes or underscores; durations are seconds, fractions "
+      "allowed.";
+  stepwatch::ParseFlagsOrExit(argc, argv, spec);
+  absl::StatusOr<collector::CollectorServerOptions> options = OptionsFromFlags();
+  if (!options.ok()) return ReportFlagError(options.status());
 
   // Block the stop signals in every thread (gRPC and /metrics threads inherit this mask) and
   // collect them with sigwait below.
@@ -353,7 +414,7 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 8 << 20);
 
   stepwatch::RealClock clock;
-  auto server = stepwatch::collector::CollectorServer::Start(options, &clock);
+  auto server = collector::CollectorServer::Start(*options, &clock);
   if (!server.ok()) {
     SW_LOG_ERROR << "cannot start: " << server.status();
     return 1;

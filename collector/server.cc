@@ -217,13 +217,13 @@ absl::Status CollectorServer::Init() {
   if (!options_.metrics_listen.empty()) {
     SW_ASSIGN_OR_RETURN(HostPort metrics_hp, ParseHostPort(options_.metrics_listen));
     collectable_ = std::make_shared<StateCollectable>(state_.get(), options_.metrics);
-    security::MetricsEndpointOptions endpoint = options_.metrics_endpoint;
+    http::MetricsEndpointOptions endpoint = options_.metrics_endpoint;
     endpoint.listen = options_.metrics_listen;
     if (tls_identity_ != nullptr) {
       endpoint.extra_families = [identity = tls_identity_] { return TlsFamilies(*identity); };
     }
-    absl::StatusOr<std::unique_ptr<security::MetricsEndpoint>> started =
-        security::MetricsEndpoint::Start(endpoint, collectable_);
+    absl::StatusOr<std::unique_ptr<http::MetricsEndpoint>> started =
+        http::MetricsEndpoint::Start(endpoint, collectable_);
     if (!started.ok()) {
       if (absl::IsInvalidArgument(started.status())) return started.status();
       return absl::UnavailableError(absl::StrCat("cannot listen for /metrics on ",
@@ -290,19 +290,15 @@ void CollectorServer::Shutdown(int64_t grace_nanos) {
     stopping_ = true;
   }
   if (ticker_.joinable()) ticker_.join();
-  // Scrapes read the state: stop them before the state can go away.
-  StopExposer();
+  // Scrapes read the state: stop them before the state can go away (the endpoint's destructor
+  // stops its event loop and joins its threads).
+  metrics_endpoint_.reset();
   absl::Status st = SaveState();
   if (!st.ok()) {
     SW_LOG_WARNING << "cannot save state at shutdown: " << st;
   } else if (!options_.state_dir.empty()) {
     SW_LOG_INFO << "saved scaling history to " << StatePath();
   }
-}
-
-void CollectorServer::StopExposer() {
-  // Its destructor stops the event loop and joins its threads.
-  metrics_endpoint_.reset();
 }
 
 CollectorServer::~CollectorServer() { Shutdown(); }

@@ -1,4 +1,4 @@
-// The running collector: gRPC server (Ingest, Query, health), /metrics exposer, and an owned
+// The running collector: gRPC server (Ingest, Query, health), /metrics endpoint, and an owned
 // ticker thread that advances the engine, expires old jobs and nodes and saves the state file.
 #pragma once
 
@@ -14,8 +14,8 @@
 #include "collector/service.h"
 #include "collector/state.h"
 #include "common/clock.h"
+#include "http/metrics_endpoint.h"
 #include "security/authorizer.h"
-#include "security/metrics_endpoint.h"
 #include "security/tls_credentials.h"
 
 namespace grpc {
@@ -57,7 +57,7 @@ struct CollectorServerOptions {
   // Bearer tokens with roles ("ROLE TOKEN" lines); empty: no token is required.
   std::string auth_token_file;
   // /metrics threads, timeout, TLS and basic auth (its `listen` is metrics_listen).
-  security::MetricsEndpointOptions metrics_endpoint;
+  http::MetricsEndpointOptions metrics_endpoint;
   CollectorStateOptions state;
   MetricsOptions metrics;
 };
@@ -95,7 +95,6 @@ class CollectorServer {
   CollectorServer(CollectorServerOptions options, const Clock* clock);
   absl::Status Init();
   void TickerLoop();
-  void StopExposer();
   std::string StatePath() const;
 
   const CollectorServerOptions options_;
@@ -108,7 +107,7 @@ class CollectorServer {
   std::shared_ptr<security::CheckedKeyCertPair> tls_identity_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<StateCollectable> collectable_;
-  std::unique_ptr<security::MetricsEndpoint> metrics_endpoint_;
+  std::unique_ptr<http::MetricsEndpoint> metrics_endpoint_;
   int grpc_port_ = 0;
   int metrics_port_ = 0;
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "collector/convert.h"
+#include "collector/queries.h"
 #include "common/log.h"
 #include "common/text.h"
 #include "google/protobuf/arena.h"
@@ -168,6 +169,16 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+// Finishes a Query call: with the refusal when it was not authorized, else with what `answer`
+// (which fills the response) returns; `answer` runs only for authorized calls.
+template <typename AnswerFn>
+grpc::ServerUnaryReactor* FinishAuthorized(grpc::CallbackServerContext* context,
+                                           const grpc::Status& authorized, AnswerFn answer) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(authorized.ok() ? answer() : authorized);
+  return reactor;
+}
+
 }  // namespace
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* IngestService::Report(
@@ -191,60 +202,37 @@ grpc::Status QueryService::AuthorizeReader(grpc::CallbackServerContext* context)
 grpc::ServerUnaryReactor* QueryService::Status(grpc::CallbackServerContext* context,
                                                const v1::StatusRequest*,
                                                v1::StatusResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (grpc::Status s = AuthorizeReader(context); !s.ok()) {
-    reactor->Finish(s);
-    return reactor;
-  }
-  *response = state_->Status();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return FinishAuthorized(context, AuthorizeReader(context), [&] {
+    *response = state_->Status();
+    return grpc::Status::OK;
+  });
 }
 
 grpc::ServerUnaryReactor* QueryService::Findings(grpc::CallbackServerContext* context,
                                                  const v1::FindingsRequest* request,
                                                  v1::FindingsResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (grpc::Status s = AuthorizeReader(context); !s.ok()) {
-    reactor->Finish(s);
-    return reactor;
-  }
-  *response = state_->Findings(request->job());
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return FinishAuthorized(context, AuthorizeReader(context), [&] {
+    *response = state_->Findings(request->job());
+    return grpc::Status::OK;
+  });
 }
 
 grpc::ServerUnaryReactor* QueryService::Explain(grpc::CallbackServerContext* context,
                                                 const v1::ExplainRequest* request,
                                                 v1::ExplainResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (grpc::Status s = AuthorizeReader(context); !s.ok()) {
-    reactor->Finish(s);
-    return reactor;
-  }
-  absl::StatusOr<v1::ExplainResponse> explained = state_->Explain(request->job());
-  if (explained.ok()) *response = *std::move(explained);
-  reactor->Finish(ToGrpc(explained.status()));
-  return reactor;
+  return FinishAuthorized(context, AuthorizeReader(context), [&] {
+    absl::StatusOr<v1::ExplainResponse> explained = state_->Explain(request->job());
+    if (explained.ok()) *response = *std::move(explained);
+    return ToGrpc(explained.status());
+  });
 }
 
 grpc::ServerUnaryReactor* QueryService::Report(grpc::CallbackServerContext* context,
                                                const v1::ReportRequest* request,
                                                v1::ReportResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (grpc::Status s = AuthorizeReader(context); !s.ok()) {
-    reactor->Finish(s);
-    return reactor;
-  }
-  if (request->job().empty()) {
-    for (v1::JobReport& r : state_->reports().List()) *response->add_reports() = std::move(r);
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-  absl::StatusOr<v1::JobReport> report = state_->reports().Get(request->job());
-  if (report.ok()) *response->mutable_report() = *std::move(report);
-  reactor->Finish(ToGrpc(report.status()));
-  return reactor;
+  return FinishAuthorized(context, AuthorizeReader(context), [&] {
+    return ToGrpc(ReportAnswer(state_->reports(), request->job(), response));
+  });
 }
 
 }  // namespace stepwatch::collector

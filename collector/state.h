@@ -24,6 +24,8 @@
 #include "analysis/engine.h"
 #include "collector/convert.h"
 #include "collector/dedupe.h"
+#include "collector/memory_budget.h"
+#include "collector/published_view.h"
 #include "collector/report_store.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -67,154 +69,6 @@ struct CollectorStateOptions {
   DeduperOptions dedupe;
   // Job reports (kept after jobs end); its dir is loaded at construction.
   ReportStoreOptions reports;
-};
-
-// The last known state of one node (one agent).
-struct NodeView {
-  std::string node;
-  std::string agent_id;
-  int64_t last_seen_unix_nanos = 0;
-  v1::NodeInfo info;
-  std::vector<v1::GpuSample> gpus;  // the last sample of each GPU, by index
-  std::optional<v1::HostSample> host;
-};
-
-// Accounted bytes per tracked item, derived from bench/collector/memory_cost_bench.cc (see
-// MemoryCostsFor in state.cc).
-struct MemoryCosts {
-  int64_t job = 0;        // a job's own state
-  int64_t rank_slot = 0;  // per unit of a job's world_size (the engine keeps a slot per rank)
-  int64_t rank = 0;       // a rank that reported: its windows and its share of pending steps
-  int64_t node = 0;       // a node (agent): its view, host reading and deduplication state
-  int64_t gpu = 0;        // a GPU of a node: its last sample, twice (view and engine)
-};
-MemoryCosts MemoryCostsFor(const analysis::EngineOptions& engine);
-
-// Nodes named in CollectorCounters::node_refusals (the rest are counted as node "_other").
-inline constexpr size_t kMaxRefusalNodes = 64;
-
-struct CollectorCounters {
-  uint64_t batches_received = 0;
-  uint64_t duplicate_batches = 0;
-  uint64_t steps_received = 0;
-  uint64_t gpu_samples_received = 0;
-  uint64_t host_samples_received = 0;
-  uint64_t ingest_errors = 0;
-  uint64_t state_save_errors = 0;
-  // Damaged records skipped when the deduplication journal was opened at start.
-  uint64_t journal_records_damaged = 0;
-  std::map<std::string, uint64_t> steps_rejected;  // by reason: "invalid", "limit"
-  std::map<std::string, uint64_t> limit_hits;      // by limit: "jobs", "ranks_per_job", ...
-  std::map<std::string, uint64_t> expired;         // by kind: "job", "node"
-  // Calls and batches refused: "unauthenticated", "permission_denied", "node_mismatch",
-  // "no_identity" (a client certificate that names no usable node), "rank_exit_foreign" (a node
-  // reported the exit of a rank it does not hold), "rank_foreign" (a step of a rank another node
-  // holds), "job_foreign" (a step that would rescale a job whose ranks run on other nodes).
-  std::map<std::string, uint64_t> refused;
-  // The refusals that one node caused, by (node, reason): rank_foreign, job_foreign,
-  // rank_exit_foreign, jobs_per_node. At most kMaxRefusalNodes nodes are named; the others are
-  // counted under node "_other".
-  std::map<std::pair<std::string, std::string>, uint64_t> node_refusals;
-  // Batches refused before anything of them was applied, by reason: "unparsable" (not a
-  // ReportBatch protobuf), "missing_field" (no agent_id, boot_id or seq), "bad_field" (an
-  // identifier over its bound or with control characters, see collector/convert.h).
-  std::map<std::string, uint64_t> malformed;
-  // Fields over their bound or with control characters, by (field, reason: "too_long",
-  // "control_character"): an identifier costs its batch, any other field the item holding it.
-  std::map<std::pair<std::string, std::string>, uint64_t> fields_refused;
-  // Ranks taken over by another node after their holder went silent for --expire or its process
-  // exited (or the job moved away from it).
-  uint64_t rank_takeovers = 0;
-  uint64_t rank_exits_received = 0;
-  // Sender timestamps replaced because they were beyond max_clock_skew of the collector's clock.
-  uint64_t clock_skew_corrected = 0;
-  // Jobs ended because every reporting rank's process exited (ReportBatch.rank_exits).
-  uint64_t jobs_finished = 0;
-  // Jobs forgotten because every rank moved to other collectors (ReportBatch.released_jobs).
-  uint64_t jobs_moved_away = 0;
-  // Ranks left out of the per-rank series by max_rank_series, summed over scrapes.
-  uint64_t rank_series_dropped = 0;
-  // Findings left out of stepwatch_finding by MetricsOptions::max_finding_series, summed over
-  // scrapes (counted by the /metrics collectable).
-  uint64_t finding_series_dropped = 0;
-  // Series left out by the /metrics total cap (MetricsOptions::max_series), by family ("job",
-  // "rank", "finding", "node", "gpu", "host"), summed over scrapes (counted by the collectable).
-  std::map<std::string, uint64_t> series_dropped;
-};
-
-// What current findings point at on one node: their GPUs, or every GPU of the node.
-struct InvolvedNode {
-  bool every_gpu = false;
-  std::set<int> gpus;
-};
-
-// The nodes and GPUs that `findings` are about, by node name: a finding's node with its GPU, or
-// every GPU of the node when the finding names none (a slow node: its detector weighs every GPU
-// of the node's ranks, and one throttled GPU may be the whole story), and every device of its
-// evidence. A pipeline imbalance names a node only when its slowest stage runs on one (else the
-// stage's work, not a machine, is the suspect); job-level findings (scaling, regression, stall)
-// name none. At most one entry per finding's node and device, so bounded by the findings.
-std::map<std::string, InvolvedNode> InvolvedNodes(const std::vector<analysis::Finding>& findings);
-
-// Which nodes a snapshot copies: all of them, or only those named by current findings
-// (InvolvedNodes) and those gone quiet (not seen for node_down_nanos), so that a scrape's work
-// follows what it exports, not the size of the fleet.
-enum class NodeScope { kAll, kInvolved };
-
-// Everything /metrics shows: built at each Tick() (see PublishedView), copied at scrape time; the
-// counters and the memory accounted alone are those of the last batch applied.
-struct StateSnapshot {
-  int64_t now_unix_nanos = 0;
-  int64_t node_down_nanos = 0;
-  std::vector<analysis::JobSnapshot> jobs;
-  std::vector<analysis::Finding> findings;
-  // The ranks with per-rank series (job, rank): every flagged rank, then each job's
-  // top_ranks_per_job slowest, at most max_rank_series in all.
-  std::vector<std::pair<std::string, analysis::RankSnapshot>> top_ranks;
-  // Ordered by node name: every node tracked, or under NodeScope::kInvolved only those involved.
-  std::vector<NodeView> nodes;
-  // Nodes tracked, whichever of them `nodes` holds (0 in snapshots built by hand: nodes.size()).
-  size_t nodes_tracked = 0;
-  CollectorCounters counters;
-  int agents_connected = 0;
-  // Bytes charged against the memory budget, and the budget (0: none).
-  int64_t memory_accounted_bytes = 0;
-  int64_t memory_budget_bytes = 0;
-  // Finished job reports not yet written under --state-dir (charged against the budget), and the
-  // report writes that failed (read live by Snapshot()).
-  int reports_unsaved = 0;
-  int64_t reports_unsaved_bytes = 0;
-  uint64_t report_save_errors = 0;
-  // Cumulative time the engine spent in each detector.
-  std::map<std::string, analysis::DetectorTiming> detector_timings;
-};
-
-// What readers see: built at the end of each Tick() and never changed after it is published.
-// `snapshot.now_unix_nanos` is the time of that Tick.
-struct PublishedView {
-  StateSnapshot snapshot;
-  // Every job's ranks (for Explain), by job name. Shared with the previous view when they were not
-  // rebuilt at this tick (see AdvanceExpireAndPublish).
-  absl::flat_hash_map<std::string, std::shared_ptr<const std::vector<analysis::RankSnapshot>>>
-      ranks;
-  // Active findings per job name.
-  absl::flat_hash_map<std::string, int> findings_per_job;
-  // Positions in snapshot.nodes, least recently seen first: a scrape finds the quiet nodes by
-  // walking only as far as they go.
-  std::vector<uint32_t> nodes_by_last_seen;
-  // Ranks left out of snapshot.top_ranks by max_rank_series (counted per scrape).
-  uint64_t rank_series_dropped = 0;
-  // Where the time of the Tick that built this view went: its main hold of the ingest mutex
-  // (advance, expiry, findings, jobs, nodes), the part of that spent copying for this view, the
-  // rank rows (built in slices, each its own hold), the longest single hold, and the work done
-  // outside the mutex (the per-rank series selection).
-  int64_t tick_locked_nanos = 0;
-  int64_t build_locked_nanos = 0;
-  int64_t rank_rows_locked_nanos = 0;
-  int64_t longest_hold_nanos = 0;
-  int64_t build_unlocked_nanos = 0;
-  // Whether this tick rebuilt every job's rank rows (else it shared the previous view's).
-  bool rank_rows_rebuilt = false;
 };
 
 class CollectorState {
@@ -307,11 +161,35 @@ class CollectorState {
     int64_t text_bytes = 0;
   };
 
+  // Ingest (ingest.cc): Apply's steps, in the order it takes them.
+  void ApplyStep(const v1::StepEvent& event, const std::string& node, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // GPU samples and the host sample of a tracked node (null: not tracked, only counted).
+  void ApplyGpuSamples(const v1::ReportBatch& batch, NodeTrack* node, const std::string& node_name,
+                       int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps `gpu` as the last sample of its GPU; false when a limit or the budget refuses it.
+  bool KeepGpuSample(const v1::GpuSample& gpu, NodeTrack* node, const std::string& node_name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyHostSample(const v1::ReportBatch& batch, NodeTrack* node, const std::string& node_name,
+                       int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyRankExits(const v1::ReportBatch& batch, const std::string& node_name, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyReleasedJobs(const v1::ReportBatch& batch, const std::string& node_name, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Admission (admission.cc).
   // Not admitted (counted) when the step would exceed a limit or the memory budget, or when its
   // (job, rank) is held by another node than `node` (the one that reported it last, while it
   // keeps reporting it: it is taken over once its holder has been silent for expire_nanos or its
   // process exited), or it would rescale a job whose running ranks are all on other nodes.
   Admission AdmitStep(const v1::StepEvent& event, const std::string& node, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // AdmitStep for a job the engine does not know (limits on jobs, jobs per node, the budget), and
+  // for one it knows (rank binding, rescales, new ranks); the job's track, or null when refused.
+  JobTrack* AdmitNewJob(const v1::StepEvent& event, const std::string& node, Admission* a)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  JobTrack* AdmitToKnownJob(const v1::StepEvent& event, const std::string& node, int64_t now,
+                            const analysis::JobHolding& held, Admission* a)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a refusal that `node` caused (CollectorCounters::refused and node_refusals).
   void CountNodeRefusal(const std::string& node, const char* reason)
@@ -320,31 +198,39 @@ class CollectorState {
   // the node and what was dropped (`what`: "batch", "node description", "GPU sample", ...).
   void CountFieldRefused(const FieldProblem& problem, absl::string_view node, const char* what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // What a node's strings take beyond MemoryCosts::node: its name (map key, view, node info,
-  // the engine's records), agent id, node info and host sample.
-  static int64_t NodeTextBytes(const NodeView& view);
-  // What a GPU of `node` is charged: MemoryCosts::gpu, its kept strings and lists, and the
-  // engine's copy of the node name.
-  int64_t GpuBytes(const v1::GpuSample& sample, const std::string& node) const;
-  // Returns what AdmitStep charged for a step the engine refused.
-  void Refund(const std::string& job, const Admission& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a refusal by `limit` ("jobs", "ranks_per_job", ...), logged at a bounded rate.
   void HitLimit(const char* limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After the engine forgot ranks (RemoveNode): returns the charges of ranks it no longer knows.
-  void RefundForgottenRanks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Charges `bytes` against the memory budget; false (counted, logged at a bounded rate) when
-  // that would exceed it. `what` names the refused item in the log.
-  bool Charge(int64_t bytes, const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forgets a job and returns its charge.
-  void EraseJob(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   NodeTrack* TouchNode(const v1::ReportBatch& batch, int64_t now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `sender_unix_nanos` when it is set and within max_clock_skew of `now`, else `now` (counted,
   // and logged at a bounded rate naming the node).
   int64_t TrustedTime(int64_t sender_unix_nanos, int64_t now, const std::string& node)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The memory budget (memory_budget.cc).
+  // Charges `bytes` against the memory budget; false (counted, logged at a bounded rate) when
+  // that would exceed it. `what` names the refused item in the log.
+  bool Charge(int64_t bytes, const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns what AdmitStep charged for a step the engine refused.
+  void Refund(const std::string& job, const Admission& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After the engine forgot ranks (RemoveNode): returns the charges of ranks it no longer knows.
+  void RefundForgottenRanks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets a job and returns its charge.
+  void EraseJob(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets a node and returns its charge (its GPUs included); the next node.
+  std::map<std::string, NodeTrack>::iterator EraseNode(
+      std::map<std::string, NodeTrack>::iterator node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The ticker (state.cc) and the read view (published_view.cc).
   // Tick without the reports' disk writes: advances, expires and publishes.
   void AdvanceExpireAndPublish(int64_t now) ABSL_LOCKS_EXCLUDED(mu_, tick_mu_);
+  // Forgets the jobs unseen since `cutoff` (their reports end "expired"); true when any was.
+  bool ExpireJobs(const std::vector<analysis::JobSnapshot>& jobs,
+                  const std::vector<analysis::Finding>& findings, int64_t cutoff, int64_t now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the nodes unseen since `cutoff`, and the charges of the ranks the engine forgot with
+  // them; true when any was.
+  bool ExpireNodes(int64_t cutoff) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills view->ranks and the per-rank series, rebuilding the rows when they are cheap or old
   // enough, else sharing the previous view's (jobs new since then always get rows).
   void PublishRankRows(PublishedView* view) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_)
@@ -363,9 +249,6 @@ class CollectorState {
   void FinishReport(const analysis::JobSnapshot& job,
                     const std::vector<analysis::Finding>& findings, const char* reason, int64_t now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fills view->snapshot.top_ranks, the ranks that get per-rank series (see
-  // CollectorStateOptions::max_rank_series), from view->ranks; touches no shared state.
-  void SelectRankSeries(PublishedView* view) const;
 
   const CollectorStateOptions options_;
   const Clock* const clock_;

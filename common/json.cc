@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/utf8.h"
 
 namespace stepwatch::json {
 
@@ -235,53 +236,13 @@ class Parser {
     return true;
   }
 
-  static void AppendUtf8(uint32_t cp, std::string* out) {
-    if (cp < 0x80) {
-      out->push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-      out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else if (cp < 0x10000) {
-      out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-      out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-      out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-  }
-
   // Validates one UTF-8 sequence starting at p_ and copies it.
   bool CopyUtf8(std::string* out) {
-    const unsigned char c = static_cast<unsigned char>(*p_);
-    int len;
-    uint32_t min;
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-      min = 0x80;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      min = 0x800;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      min = 0x10000;
-    } else {
-      return Fail("invalid UTF-8");
-    }
-    if (end_ - p_ < len) return Fail("truncated UTF-8");
-    uint32_t cp = c & (0xFF >> (len + 1));
-    for (int i = 1; i < len; ++i) {
-      unsigned char cc = static_cast<unsigned char>(p_[i]);
-      if ((cc & 0xC0) != 0x80) return Fail("invalid UTF-8");
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-      return Fail("invalid UTF-8");
-    }
-    out->append(p_, len);
-    p_ += len;
+    const Utf8Sequence seq = DecodeUtf8At(absl::string_view(p_, end_ - p_), 0);
+    if (seq.truncated) return Fail("truncated UTF-8");
+    if (seq.length == 0) return Fail("invalid UTF-8");
+    out->append(p_, seq.length);
+    p_ += seq.length;
     return true;
   }
 

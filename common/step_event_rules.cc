@@ -3,44 +3,11 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/utf8.h"
 
 namespace stepwatch::step_event {
 
 namespace {
-
-// Length of the well-formed UTF-8 sequence at text[i] (RFC 3629: no overlong forms, surrogates
-// or code points over U+10FFFF), 0 when it is not one; *code_point receives its value.
-size_t Utf8SequenceAt(absl::string_view text, size_t i, uint32_t* code_point) {
-  const unsigned char c = static_cast<unsigned char>(text[i]);
-  if (c < 0x80) {
-    *code_point = c;
-    return 1;
-  }
-  size_t len;
-  uint32_t min;
-  if (c >= 0xC2 && c <= 0xDF) {
-    len = 2;
-    min = 0x80;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    min = 0x800;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    min = 0x10000;
-  } else {
-    return 0;
-  }
-  if (text.size() - i < len) return 0;
-  uint32_t cp = c & (0xFFu >> (len + 1));
-  for (size_t k = 1; k < len; ++k) {
-    const unsigned char cc = static_cast<unsigned char>(text[i + k]);
-    if ((cc & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (cc & 0x3F);
-  }
-  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-  *code_point = cp;
-  return len;
-}
 
 bool IsControl(uint32_t cp) { return cp < 0x20 || (cp >= 0x7F && cp <= 0x9F); }
 
@@ -124,14 +91,15 @@ absl::Status ValidateJob(absl::string_view job) {
   // Fast path: job ids are almost always printable ASCII, checked without decoding.
   if (PrintableAscii(job)) return absl::OkStatus();
   for (size_t i = 0; i < job.size();) {
-    uint32_t cp = 0;
-    const size_t len = Utf8SequenceAt(job, i, &cp);
-    if (len == 0) return absl::InvalidArgumentError(absl::StrCat("job is not UTF-8 at byte ", i));
-    if (IsControl(cp)) {
+    const Utf8Sequence seq = DecodeUtf8At(job, i);
+    if (seq.length == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("job is not UTF-8 at byte ", i));
+    }
+    if (IsControl(seq.code_point)) {
       return absl::InvalidArgumentError(
           absl::StrCat("job contains a control character at byte ", i));
     }
-    i += len;
+    i += seq.length;
   }
   return absl::OkStatus();
 }

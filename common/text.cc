@@ -1,20 +1,22 @@
 #include "common/text.h"
 
 #include "absl/strings/str_format.h"
+#include "common/check.h"
+#include "common/utf8.h"
 
 namespace stepwatch {
 
 namespace {
 
-// Length of the control character at text[i] (1 or 2 bytes), 0 when there is none.
+// Length of the control character at text[i] (1 or 2 bytes), 0 when there is none. Bytes that
+// are not UTF-8 are no control characters; the scan goes on at the next byte.
 size_t ControlAt(absl::string_view text, size_t i) {
   const unsigned char c = static_cast<unsigned char>(text[i]);
   if (c < 0x20 || c == 0x7F) return 1;
-  if (c == 0xC2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
-      static_cast<unsigned char>(text[i + 1]) <= 0x9F) {
-    return 2;
-  }
-  return 0;
+  if (c < 0x80) return 0;
+  // A C1 control is the two-byte sequence 0xC2 0x80..0x9F.
+  const Utf8Sequence seq = DecodeUtf8At(text, i);
+  return seq.length == 2 && seq.code_point <= 0x9F ? 2 : 0;
 }
 
 }  // namespace
@@ -35,6 +37,7 @@ std::string EscapeControlCharacters(absl::string_view text) {
     if (control == 1) {
       absl::StrAppendFormat(&out, "\\x%02x", c);
     } else if (control == 2) {
+      SW_DCHECK(i + 1 < text.size());  // ControlAt saw both bytes
       absl::StrAppendFormat(&out, "\\u%04x", static_cast<unsigned char>(text[i + 1]));
       ++i;
     } else {

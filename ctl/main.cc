@@ -445,7 +445,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> positional =
       stepwatch::ParseFlagsOrExit(argc, argv, spec, /*allow_positional=*/true);
   if (positional.empty()) return Usage("missing command");
-  const std::string command = positional[0];
+  const std::string& command = positional[0];
   const std::vector<std::string> rest(positional.begin() + 1, positional.end());
   // The arguments first: a usage error never waits for a collector.
   if (command == "status" && rest.size() > 1) return Usage("status takes at most one JOB");

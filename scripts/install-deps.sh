@@ -9,6 +9,7 @@ profile="${1:-all}"
 build_pkgs=(
   build-essential cmake pkg-config git ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  # Only prometheus-cpp's core is linked; Debian ships no dev package without pull and push.
   prometheus-cpp-dev libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang-format python3
 )
@@ -20,6 +21,8 @@ test_pkgs=(
   # The clang pass of scripts/test.sh and scripts/fuzz.sh: clang and its runtimes
   # (libclang_rt.fuzzer, ASan, UBSan).
   clang libclang-rt-14-dev
+  # The static checks (tests/static): clang-tidy (run-clang-tidy-14) and include-what-you-use.
+  clang-tidy iwyu
 )
 # kubectl checks the Kubernetes manifests offline; keep one that is already installed (some
 # machines carry kubectl from another package that conflicts with Debian's).

@@ -38,7 +38,7 @@ if [ "${STEPWATCH_SKIP_SANITIZE:-0}" != "1" ]; then
   # integration tests miss.
   (cd build-clang &&
     UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$jobs" --timeout 900 \
-      -E '^(python_|deploy_|format_check$|integration_torch_ddp$|integration_faults_)')
+      -E '^(python_|deploy_|format_check$|static_|integration_torch_ddp$|integration_faults_)')
 fi
 
 if [ "${STEPWATCH_SKIP_FUZZ:-0}" != "1" ]; then

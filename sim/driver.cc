@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -69,9 +70,10 @@ std::string EncodeFakeNvmlState(const std::vector<analysis::GpuSample>& gpus) {
     absl::StrAppend(&out, "{\"name\":\"Simulated GPU\",\"uuid\":\"GPU-sim-", g.node, "-", g.index,
                     "\"");
     if (g.utilization_ratio) {
-      AppendField(&out, "utilization_gpu", static_cast<int64_t>(*g.utilization_ratio * 100 + 0.5));
+      AppendField(&out, "utilization_gpu",
+                  static_cast<int64_t>(std::llround(*g.utilization_ratio * 100)));
       AppendField(&out, "utilization_memory",
-                  static_cast<int64_t>(*g.utilization_ratio * 40 + 0.5));
+                  static_cast<int64_t>(std::llround(*g.utilization_ratio * 40)));
     }
     AppendField(&out, "memory_used_bytes", int64_t{40} << 30);
     AppendField(&out, "memory_total_bytes", int64_t{80} << 30);

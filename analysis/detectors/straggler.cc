@@ -7,6 +7,7 @@
 #include "analysis/causes.h"
 #include "analysis/finding.h"
 #include "analysis/stats.h"
+#include "common/check.h"
 
 namespace stepwatch::analysis {
 namespace {
@@ -346,7 +347,9 @@ void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, si
       ref_data += e.data;
       ++count;
     }
-    if (count == 0) return;  // cannot happen: a split keeps at least half of the peers
+    // A split keeps at least half of the peers; a release build still skips the group.
+    SW_DCHECK(count > 0) << "no healthy peer among " << n;
+    if (count == 0) return;
     ref /= count;
     ref_compute /= count;
     ref_data /= count;

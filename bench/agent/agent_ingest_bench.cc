@@ -1,5 +1,6 @@
 // Agent ingest cost: parsing one step-event datagram, and events per second accepted end to end
-// through the real Unix socket (sender -> kernel -> IngestServer -> parser -> Shipper::AddStep).
+// through the real Unix socket (sender -> kernel -> IngestServer -> parser ->
+// CollectorRouter::AddStep).
 //
 //   build-*/bench/agent/agent_ingest_bench --benchmark_min_time=2
 #include <sys/socket.h>
@@ -12,9 +13,10 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "agent/collector_router.h"
 #include "agent/ingest_server.h"
-#include "agent/shipper.h"
 #include "agent/step_event_parser.h"
 #include "benchmark/benchmark.h"
 
@@ -70,25 +72,26 @@ std::string TempSocketPath() {
   return std::string(dir ? dir : "/tmp") + "/agent.sock";
 }
 
-// Events/s accepted through the socket. Arg 0: a counting sink; arg 1: the real Shipper (not
-// connected; its buffer bound drops old batches so memory stays flat).
+// Events/s accepted through the socket. Arg 0: a counting sink; arg 1: the agent's real router
+// and its link (not connected; the buffer bound drops old batches so memory stays flat).
 void BM_SocketIngest(benchmark::State& state) {
-  const bool with_shipper = state.range(0) == 1;
-  ShipperOptions shipper_options;
-  shipper_options.collector = "127.0.0.1:1";
-  shipper_options.agent_id = "bench";
-  shipper_options.interval = absl::Milliseconds(100);
-  shipper_options.max_buffered_batches = 4;
-  Shipper shipper(shipper_options, nullptr, nullptr);
-  if (with_shipper && !shipper.Start().ok()) {
-    state.SkipWithError("shipper did not start");
+  const bool with_link = state.range(0) == 1;
+  CollectorRouterOptions router_options;
+  router_options.resolve = [] { return std::vector<std::string>{"127.0.0.1:1"}; };
+  router_options.replicas = 1;
+  router_options.interval = absl::Milliseconds(100);
+  router_options.link.agent_id = "bench";
+  router_options.link.max_buffered_batches = 4;
+  CollectorRouter router(router_options, nullptr, nullptr);
+  if (with_link && !router.Start().ok()) {
+    state.SkipWithError("router did not start");
     return;
   }
   std::atomic<uint64_t> received{0};
   IngestServerOptions options;
   options.socket_path = TempSocketPath();
   auto server = IngestServer::Start(options, [&](v1::StepEvent&& e) {
-    if (with_shipper) shipper.AddStep(std::move(e));
+    if (with_link) router.AddStep(std::move(e));
     received.fetch_add(1, std::memory_order_relaxed);
   });
   if (!server.ok()) {
@@ -121,7 +124,7 @@ void BM_SocketIngest(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<int64_t>(received.load()));
   state.counters["lost"] = static_cast<double>(sent - received.load());
   (*server)->Stop();
-  shipper.Stop(absl::ZeroDuration());
+  router.Stop(absl::ZeroDuration());
 }
 BENCHMARK(BM_SocketIngest)->Arg(0)->Arg(1)->UseRealTime()->MinTime(2.0);
 

@@ -1,6 +1,6 @@
 // Heap bytes the collector holds per job, rank, node and GPU: the figures behind
-// MemoryCostsFor (collector/state.cc). Each case fills a fresh CollectorState through Apply, as
-// the Ingest streams do, and reads glibc's in-use heap (mallinfo2) before and after.
+// MemoryCostsFor (collector/memory_budget.cc). Each case fills a fresh CollectorState through
+// Apply, as the Ingest streams do, and reads glibc's in-use heap (mallinfo2) before and after.
 //
 //   memory_cost_bench [N]   (N items per case, default 20000)
 #include <malloc.h>

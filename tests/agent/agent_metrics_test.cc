@@ -18,8 +18,8 @@
 namespace stepwatch::agent {
 namespace {
 
-security::MetricsEndpointOptions Listen(std::string listen) {
-  security::MetricsEndpointOptions options;
+http::MetricsEndpointOptions Listen(std::string listen) {
+  http::MetricsEndpointOptions options;
   options.listen = std::move(listen);
   return options;
 }
@@ -36,8 +36,8 @@ AgentMetricsSources FakeSources() {
     i.rejected_total[static_cast<int>(RejectReason::kOutOfRange)] = 1;
     return i;
   };
-  s.shipper = [] {
-    ShipperStats st;
+  s.link = [] {
+    CollectorLinkStats st;
     st.batches_sent_total = 5;
     st.batches_acknowledged_total = 4;
     st.batches_resent_total = 1;
@@ -45,6 +45,12 @@ AgentMetricsSources FakeSources() {
     st.buffered_batches = 1;
     st.connected = true;
     return st;
+  };
+  s.tls = [] {
+    security::CheckedKeyCertPair::Stats t;
+    t.reloads = 3;
+    t.reload_errors = 1;
+    return t;
   };
   s.samples = [] {
     NodeSnapshot n;
@@ -107,6 +113,8 @@ TEST(AgentMetricsTest, ExposesHealthAndNodeView) {
   EXPECT_EQ(v("stepwatch_agent_batches_dropped_total{node=node-7,}"), 2);
   EXPECT_EQ(v("stepwatch_agent_buffer_batches{node=node-7,}"), 1);
   EXPECT_EQ(v("stepwatch_agent_buffer_capacity_batches{node=node-7,}"), 600);
+  EXPECT_EQ(v("stepwatch_agent_tls_reloads_total{node=node-7,}"), 3);
+  EXPECT_EQ(v("stepwatch_agent_tls_reload_errors_total{node=node-7,}"), 1);
   EXPECT_EQ(v("stepwatch_agent_connected{node=node-7,}"), 1);
   EXPECT_EQ(v("stepwatch_agent_nvml_available{node=node-7,}"), 1);
   EXPECT_DOUBLE_EQ(v("stepwatch_agent_gpu_utilization_ratio{node=node-7,gpu=0,}"), 0.93);
@@ -128,17 +136,17 @@ TEST(AgentMetricsTest, ExposesHealthAndNodeView) {
 // Several collectors: the totals keep the one-collector names, each link has its own series.
 TEST(AgentMetricsTest, ExposesTotalsAndPerCollectorSeries) {
   AgentMetricsSources sources = FakeSources();
-  sources.shipper = nullptr;
+  sources.link = nullptr;
   sources.collectors = [] {
     CollectorRouterStats r;
     for (int i = 0; i < 2; ++i) {
       CollectorLinkStats l;
       l.collector = i == 0 ? "10.0.0.1:7070" : "10.0.0.2:7070";
-      l.stats.connected = i == 0;
+      l.connected = i == 0;
       l.reachable = true;
       l.jobs = 3 + i;
-      l.stats.buffered_batches = 10 * i;
-      l.stats.batches_acknowledged_total = 7 + i;
+      l.buffered_batches = 10 * i;
+      l.batches_acknowledged_total = 7 + i;
       r.links.push_back(l);
     }
     r.total.connected = false;

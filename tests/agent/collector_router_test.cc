@@ -87,7 +87,7 @@ class FakeResolver {
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Every router here runs on a SimulatedClock (see ShipperTest): the ticker (an hour), the
+// Every router here runs on a SimulatedClock (see CollectorLinkTest): the ticker (an hour), the
 // resolver, the failover delay and the links' backoffs move only when the test moves the time.
 class CollectorRouterTest : public ::testing::Test {
  protected:
@@ -115,7 +115,7 @@ class CollectorRouterTest : public ::testing::Test {
     o.failover_after = absl::Seconds(2);
     o.link.agent_id = MakeAgentId(kNode, "/tmp/a.sock");
     o.link.node_info.set_node(kNode);
-    o.link.interval = absl::Hours(1);
+    o.interval = absl::Hours(1);
     o.link.clock = &clock_;
     o.link.backoff.initial = absl::Milliseconds(10);
     o.link.backoff.max = absl::Milliseconds(100);
@@ -132,7 +132,7 @@ class CollectorRouterTest : public ::testing::Test {
     const CollectorRouterStats s = router.stats();
     if (s.links.size() != n) return false;
     for (const auto& l : s.links) {
-      if (!l.stats.connected) return false;
+      if (!l.connected) return false;
     }
     return true;
   }
@@ -305,13 +305,13 @@ TEST_F(CollectorRouterTest, FailsOverAfterTheDelayAndMovesBack) {
   ASSERT_TRUE(WaitFor([&] { return Counted(ByAddress(order[0])).size() == 1; }));
 
   collectors_[first_index]->Shutdown();
-  ASSERT_TRUE(WaitFor([&] { return !Link(router.stats(), order[0])->stats.connected; }));
+  ASSERT_TRUE(WaitFor([&] { return !Link(router.stats(), order[0])->connected; }));
   // Down, but not for --failover-after yet: the job stays, its batch is buffered.
   EXPECT_EQ(router.OwnersOf(job), std::vector<std::string>({order[0]}));
   router.AddStep(JobStep(job, 1));
   router.FlushNow();
   EXPECT_FALSE(router.stats().total.connected);
-  EXPECT_EQ(Link(router.stats(), order[0])->stats.buffered_batches, 1u);
+  EXPECT_EQ(Link(router.stats(), order[0])->buffered_batches, 1u);
 
   clock_.AdvanceTime(absl::Seconds(2));
   EXPECT_EQ(router.OwnersOf(job), std::vector<std::string>({order[1]}));
@@ -327,7 +327,7 @@ TEST_F(CollectorRouterTest, FailsOverAfterTheDelayAndMovesBack) {
   // The first collector returns (a restarted process on the same address).
   FakeCollector back;
   ASSERT_EQ(back.Start(ports_[first_index], {}), ports_[first_index]);
-  ASSERT_TRUE(AdvanceUntil([&] { return Link(router.stats(), order[0])->stats.connected; }));
+  ASSERT_TRUE(AdvanceUntil([&] { return Link(router.stats(), order[0])->connected; }));
   EXPECT_EQ(router.OwnersOf(job), std::vector<std::string>({order[0]}));
   router.AddStep(JobStep(job, 3));
   router.FlushNow();
@@ -360,7 +360,7 @@ TEST_F(CollectorRouterTest, NeverConnectedCollectorIsSkippedAfterTheDelay) {
   ASSERT_FALSE(job.empty());
   // The live one connects at its first attempt (no time passes); the dead one is still within
   // its first --failover-after.
-  ASSERT_TRUE(WaitFor([&] { return Link(router.stats(), addresses_[0])->stats.connected; }));
+  ASSERT_TRUE(WaitFor([&] { return Link(router.stats(), addresses_[0])->connected; }));
   EXPECT_EQ(router.OwnersOf(job), std::vector<std::string>({dead}));
   clock_.AdvanceTime(absl::Seconds(2));
   EXPECT_EQ(router.OwnersOf(job), std::vector<std::string>({addresses_[0]}));
@@ -478,8 +478,8 @@ TEST_F(CollectorRouterTest, SpoolsPerCollectorAndReplaysToTheSameCollector) {
     ASSERT_EQ(s.links.size(), 2u);
     for (const auto& l : s.links) {
       boot_ids[l.collector] = l.boot_id;
-      ASSERT_TRUE(l.stats.spool.has_value());
-      EXPECT_EQ(l.stats.spool->batches, 1u) << l.collector;
+      ASSERT_TRUE(l.spool.has_value());
+      EXPECT_EQ(l.spool->batches, 1u) << l.collector;
     }
     ASSERT_TRUE(s.total.spool.has_value());
     EXPECT_EQ(s.total.spool->batches, 2u);
@@ -498,11 +498,11 @@ TEST_F(CollectorRouterTest, SpoolsPerCollectorAndReplaysToTheSameCollector) {
   EXPECT_EQ(AsSet(collector.unique_steps()), std::set<int64_t>({0, 1}));
   ASSERT_TRUE(WaitFor([&] {
     const std::optional<CollectorLinkStats> l = Link(router.stats(), addresses[0]);
-    return l && l->stats.spool && l->stats.spool->batches == 0;
+    return l && l->spool && l->spool->batches == 0;
   }));
   const std::optional<CollectorLinkStats> other = Link(router.stats(), addresses[1]);
   ASSERT_TRUE(other.has_value());
-  EXPECT_EQ(other->stats.spool->batches, 1u);
+  EXPECT_EQ(other->spool->batches, 1u);
   router.Stop(absl::ZeroDuration());
   std::filesystem::remove_all(dir);
 }
@@ -549,11 +549,44 @@ TEST_F(CollectorRouterTest, StepsWaitWhileNoCollectorResolved) {
 // The ticker and the failover delay are measured on the monotonic clock: with the wall clock
 // stepped back or forward an hour between ticks, every tick still comes one interval later, and
 // a collector that just went away is still within its failover delay (its job stays put).
+// The only schedule: one cut at every interval exactly (a fractional one too), none before it; a
+// stall of ten intervals gives one cut, not ten, and the schedule restarts from it.
+TEST_F(CollectorRouterTest, CutsOnItsScheduleWithFractionalInterval) {
+  StartCollectors(1);
+  resolver_.Set(addresses_);
+  CollectorRouterOptions o = Options(1);
+  o.interval = absl::Milliseconds(50);
+  const absl::Time start = clock_.TimeNow();
+  CollectorRouter router(o, nullptr, nullptr);
+  ASSERT_TRUE(router.Start().ok());
+  ASSERT_TRUE(AdvanceUntil([&] { return AllConnected(router, 1); }, absl::Milliseconds(20)));
+  FakeCollector* collector = collectors_[0].get();
+  router.AddStep(JobStep("job-s", 1));
+  for (int k = 1; k <= 3; ++k) {
+    const absl::Time tick = start + k * o.interval;
+    ASSERT_TRUE(WaitFor([&] { return clock_.next_deadline() == tick; })) << k;
+    EXPECT_EQ(router.stats().total.batches_created_total, static_cast<uint64_t>(k - 1));
+    clock_.AdvanceTime(tick - clock_.TimeNow());
+    ASSERT_TRUE(WaitFor([&] { return collector->batches().size() == static_cast<size_t>(k); }));
+    EXPECT_EQ(collector->batches().back().created_unix_nanos(), absl::ToUnixNanos(tick));
+  }
+  EXPECT_EQ(collector->batches()[0].steps_size(), 1);
+  // Without sources a batch carries no GPUs and no host.
+  EXPECT_EQ(collector->batches()[0].gpus_size(), 0);
+  EXPECT_FALSE(collector->batches()[0].has_host());
+
+  clock_.AdvanceTime(10 * o.interval);
+  const absl::Time resumed = clock_.TimeNow();
+  ASSERT_TRUE(WaitFor([&] { return clock_.next_deadline() == resumed + o.interval; }));
+  EXPECT_EQ(router.stats().total.batches_created_total, 4u);
+  router.Stop(absl::ZeroDuration());
+}
+
 TEST_F(CollectorRouterTest, WallClockStepsMoveNoTickAndNoJob) {
   StartCollectors(2);
   resolver_.Set(addresses_);
   CollectorRouterOptions o = Options(1);
-  o.link.interval = absl::Milliseconds(50);
+  o.interval = absl::Milliseconds(50);
   CollectorRouter router(o, nullptr, nullptr);
   ASSERT_TRUE(router.Start().ok());
   ASSERT_TRUE(AdvanceUntil([&] { return AllConnected(router, 2); }, absl::Milliseconds(20)));
@@ -566,14 +599,14 @@ TEST_F(CollectorRouterTest, WallClockStepsMoveNoTickAndNoJob) {
     clock_.StepWallTime((k % 2 == 1 ? -1 : 2) * absl::Hours(1));
     ASSERT_TRUE(WaitFor([&] {
       const absl::Duration left = clock_.next_deadline() - clock_.TimeNow();
-      return left > absl::ZeroDuration() && left <= o.link.interval;
+      return left > absl::ZeroDuration() && left <= o.interval;
     })) << k
         << ": " << clock_.next_deadline() - clock_.TimeNow();
     clock_.AdvanceTime(clock_.next_deadline() - clock_.TimeNow());
     ASSERT_TRUE(WaitFor([&] { return Counted(owner).size() == static_cast<size_t>(k); })) << k;
   }
   owner->Shutdown();
-  ASSERT_TRUE(WaitFor([&] { return !Link(router.stats(), owners[0])->stats.connected; }));
+  ASSERT_TRUE(WaitFor([&] { return !Link(router.stats(), owners[0])->connected; }));
   clock_.StepWallTime(absl::Hours(1));
   EXPECT_EQ(router.OwnersOf(job), owners);
   EXPECT_TRUE(Link(router.stats(), owners[0])->reachable);

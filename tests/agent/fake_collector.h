@@ -1,5 +1,5 @@
-// Test doubles shared by the shipper and collector-router tests: a real gRPC Ingest server on a
-// loopback port (FakeCollector) and fixed GPU and host sources.
+// Test doubles shared by the collector-link and collector-router tests: a real gRPC Ingest server
+// on a loopback port (FakeCollector) and fixed GPU and host sources.
 #pragma once
 
 #include <grpcpp/grpcpp.h>

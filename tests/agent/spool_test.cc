@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "agent/shipper.h"
+#include "agent/collector_link.h"
 #include "gtest/gtest.h"
 #include "tests/agent/test_util.h"
 

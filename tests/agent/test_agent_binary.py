@@ -1,5 +1,5 @@
 """The stepwatch-agent binary: flags, readiness, ingest over the real socket, its /metrics with
-the fake NVML, and clean shutdown. Runs without a collector (the shipper keeps retrying)."""
+the fake NVML, and clean shutdown. Runs without a collector (its collector link keeps retrying)."""
 
 import os
 import shutil

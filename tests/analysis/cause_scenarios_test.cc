@@ -6,6 +6,7 @@
 
 #include "sim/scenario.h"
 #include "sim/scenario_eval.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::sim {
 namespace {
@@ -15,7 +16,7 @@ using ::testing::HasSubstr;
 // The episodes of `kind` in the named scenario.
 std::vector<Episode> EpisodesOf(const std::string& name, analysis::FindingKind kind) {
   auto sc = LoadScenario(std::string(STEPWATCH_SCENARIO_DIR) + "/" + name + ".json");
-  EXPECT_TRUE(sc.ok()) << sc.status();
+  EXPECT_OK(sc);
   if (!sc.ok()) return {};
   std::vector<Episode> out;
   for (const Episode& e : RunScenario(*sc).episodes) {

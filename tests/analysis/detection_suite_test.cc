@@ -7,6 +7,7 @@
 
 #include "sim/scenario.h"
 #include "sim/scenario_eval.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::sim {
 namespace {
@@ -24,7 +25,7 @@ TEST(DetectionSuiteTest, MeetsTargets) {
   double max_cv = 0;
   for (const std::string& path : files) {
     auto sc = LoadScenario(path);
-    ASSERT_TRUE(sc.ok()) << sc.status();
+    ASSERT_OK(sc);
     max_cv = std::max(max_cv, sc->noise_cv);
     ScenarioResult r = RunScenario(*sc);
     bool healthy = std::none_of(r.truths.begin(), r.truths.end(),

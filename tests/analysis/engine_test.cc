@@ -7,6 +7,8 @@
 #include <functional>
 #include <random>
 
+#include "tests/testing/status_matchers.h"
+
 namespace stepwatch::analysis {
 namespace {
 
@@ -83,7 +85,7 @@ class JobDriver {
         x.received_unix_nanos = now_;
         if (decorate) decorate(x);
         absl::Status st = engine_->AddStep(x);
-        ASSERT_TRUE(st.ok()) << st;
+        ASSERT_OK(st);
       }
       engine_->Advance(now_);
       if (after_step) after_step(step_);
@@ -152,7 +154,7 @@ TEST(EngineTest, RejectsBadSamplesAndEnforcesLimits) {
   s.world_size = 2;
   s.rank = 0;
   s.step_seconds = 1;
-  EXPECT_TRUE(e.AddStep(s).ok());
+  EXPECT_OK(e.AddStep(s));
   StepEvent bad = s;
   bad.rank = 2;
   EXPECT_EQ(e.AddStep(bad).code(), absl::StatusCode::kInvalidArgument);
@@ -191,7 +193,7 @@ TEST(EngineTest, RejectsNegativeTopologyIndices) {
   }
   s.pp_stage = 0;
   s.tp_rank = 0;
-  EXPECT_TRUE(e.AddStep(s).ok());
+  EXPECT_OK(e.AddStep(s));
   EXPECT_EQ(e.Job("a")->ranks_reporting, 1);
 }
 
@@ -205,7 +207,7 @@ TEST(EngineTest, StepCompletesAfterGraceWhenARankIsMissing) {
     s.step = 7;
     s.step_seconds = 2;
     s.received_unix_nanos = kT0;
-    ASSERT_TRUE(e.AddStep(s).ok());
+    ASSERT_OK(e.AddStep(s));
   }
   EXPECT_EQ(e.Job("j")->median_step_seconds, 0);  // still pending
   e.Advance(kT0 + 4 * kSec);
@@ -226,7 +228,7 @@ TEST(EngineTest, SparseStepsAndDuplicatesAreHandled) {
       s.step = step;
       s.step_seconds = 1;
       s.received_unix_nanos = kT0 + step * kSec;
-      ASSERT_TRUE(e.AddStep(s).ok());
+      ASSERT_OK(e.AddStep(s));
     }
   }
   auto job = e.Job("j");
@@ -621,7 +623,7 @@ TEST(EngineTest, ScalingEfficiencyEightAtEightThenSixteenAtTen) {
 
   // The history survives a restart.
   Engine restarted;
-  ASSERT_TRUE(restarted.LoadScalingHistory(e.SerializeScalingHistory()).ok());
+  ASSERT_OK(restarted.LoadScalingHistory(e.SerializeScalingHistory()));
   EXPECT_EQ(restarted.SerializeScalingHistory(), e.SerializeScalingHistory());
   JobDriver d(&restarted, "resnet", 2, 8, 0.0);
   d.noise_cv = 0;
@@ -694,7 +696,7 @@ TEST(EngineTest, StallNamesSilentAndWaitingRanks) {
     s.step = 50;
     s.step_seconds = 0.52;
     s.received_unix_nanos = d.now() + kSec;
-    ASSERT_TRUE(e.AddStep(s).ok());
+    ASSERT_OK(e.AddStep(s));
   }
   e.Advance(d.now() + 30 * kSec);
   EXPECT_TRUE(Of(e, FindingKind::kStall).empty());
@@ -714,7 +716,7 @@ TEST(EngineTest, StallNamesSilentAndWaitingRanks) {
   s.step = 51;
   s.step_seconds = 0.52;
   s.received_unix_nanos = d.now() + 40 * kSec;
-  ASSERT_TRUE(e.AddStep(s).ok());
+  ASSERT_OK(e.AddStep(s));
   EXPECT_TRUE(Of(e, FindingKind::kStall).empty());
 }
 
@@ -812,7 +814,7 @@ TEST(EngineTest, RestartedRankKeepsItsJobRunning) {
   s.step_seconds = 0.52;
   s.pid = 6001;
   s.received_unix_nanos = d.now() + kSec;
-  ASSERT_TRUE(e.AddStep(s).ok());
+  ASSERT_OK(e.AddStep(s));
   EXPECT_FALSE(e.MarkRankExited("j", 0, 5000, d.now() + 2 * kSec).has_value());
   EXPECT_TRUE(e.Job("j").has_value());
   // The old process of rank 1 again: ignored; the new one ends the job.
@@ -869,7 +871,7 @@ TEST(EngineTest, PendingStepsAreBounded) {
     s.step = step;
     s.step_seconds = 1;
     s.received_unix_nanos = kT0 + step * kSec;
-    ASSERT_TRUE(e.AddStep(s).ok());
+    ASSERT_OK(e.AddStep(s));
   }
   EXPECT_EQ(e.Job("j")->median_step_seconds, 1);  // old steps were completed with what they had
 }
@@ -882,7 +884,7 @@ TEST(EngineTest, HugeWorldSizeCostsOnlyTheRanksThatReport) {
   s.rank = 99999;
   s.step_seconds = 1;
   s.node = "node-a";
-  ASSERT_TRUE(e.AddStep(s).ok());
+  ASSERT_OK(e.AddStep(s));
   auto ranks = e.Ranks("big");
   ASSERT_EQ(ranks.size(), 1u);
   EXPECT_EQ(ranks[0].rank, 99999);
@@ -1107,7 +1109,7 @@ TEST(EngineCauseTest, StallCausesAndRanks) {
       s.step = 50;
       s.step_seconds = 0.52;
       s.received_unix_nanos = d.now() + kSec;
-      ASSERT_TRUE(e.AddStep(s).ok());
+      ASSERT_OK(e.AddStep(s));
     }
     e.Advance(d.now() + 32 * kSec);
     auto f = Of(e, FindingKind::kStall);

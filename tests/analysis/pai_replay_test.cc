@@ -7,6 +7,7 @@
 #include <set>
 
 #include "sim/scenario_pai.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::sim {
 namespace {
@@ -21,7 +22,7 @@ class PaiReplayTest : public ::testing::Test {
  protected:
   ReplayResult Replay(const std::string& job) {
     auto samples = LoadPaiReplay(DataPath(job), job);
-    EXPECT_TRUE(samples.ok()) << samples.status();
+    EXPECT_OK(samples);
     if (!samples.ok()) return {};
     return RunReplay(*samples);
   }

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/testing/status_matchers.h"
+
 namespace stepwatch::sim {
 namespace {
 
@@ -20,7 +22,7 @@ constexpr char kScenario[] = R"({
 
 TEST(ScenarioTest, ParsesAndRejectsClearly) {
   auto sc = ParseScenario(kScenario);
-  ASSERT_TRUE(sc.ok()) << sc.status();
+  ASSERT_OK(sc);
   EXPECT_EQ(sc->job, "bert");
   EXPECT_EQ(sc->faults.size(), 3u);
   EXPECT_EQ(sc->faults[0].rank, 5);
@@ -44,7 +46,7 @@ TEST(ScenarioTest, ParsesAndRejectsClearly) {
 
 TEST(ScenarioTest, GeneratesDeterministicStreamsWithTruth) {
   auto sc = ParseScenario(kScenario);
-  ASSERT_TRUE(sc.ok());
+  ASSERT_OK(sc);
   Generator a(*sc), b(*sc);
   Tick ta, tb;
   int ticks = 0;
@@ -95,7 +97,7 @@ TEST(ScenarioTest, GeneratesDeterministicStreamsWithTruth) {
 TEST(ScenarioTest, EfficientRescaleIsNotExpectedToBeReported) {
   auto sc = ParseScenario(
       R"({"name":"x","nodes":2,"faults":[{"kind":"rescale","onset":5,"nodes":4,"factor":1.1}]})");
-  ASSERT_TRUE(sc.ok());
+  ASSERT_OK(sc);
   Generator g(*sc);
   EXPECT_FALSE(g.truth()[0].expect_finding);
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "analysis/engine.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::analysis {
 namespace {
@@ -47,7 +48,7 @@ std::optional<JobSnapshot> RunJob(const std::vector<RankSplit>& ranks, double co
       if (rs[r].stage >= 0) x.pp_stage = rs[r].stage;
       x.node = "n" + std::to_string(r);
       x.received_unix_nanos = now;
-      EXPECT_TRUE(e.AddStep(x).ok());
+      EXPECT_OK(e.AddStep(x));
     }
     e.Advance(now);
   }

@@ -14,6 +14,7 @@
 
 #include "common/json.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch {
 namespace {
@@ -71,7 +72,7 @@ class FakeAgent {
 
 json::Value ParseEvent(const std::string& text) {
   auto parsed = json::Parse(text);
-  EXPECT_TRUE(parsed.ok()) << parsed.status() << " in " << text;
+  EXPECT_OK(parsed) << " in " << text;
   return parsed.ok() ? *parsed : json::Value();
 }
 

@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "stepwatch/client.h"
 #include "tests/data/step_event_cases.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch {
 namespace {
@@ -45,9 +46,9 @@ TEST(ClientRulesTest, ConstantsEqualTheRules) {
 
   // And the published copy says the same.
   absl::StatusOr<std::string> text = ReadFile(test::SourcePath("proto/step_event_rules.json"));
-  ASSERT_TRUE(text.ok()) << text.status();
+  ASSERT_OK(text);
   absl::StatusOr<json::Value> doc = json::Parse(*text);
-  ASSERT_TRUE(doc.ok()) << doc.status();
+  ASSERT_OK(doc);
   int found = 0;
   for (const auto& [key, value] : doc->as_object()) {
     if (key == "max_datagram_bytes") {

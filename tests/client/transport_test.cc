@@ -13,6 +13,7 @@
 #include "common/json.h"
 #include "gtest/gtest.h"
 #include "stepwatch/client.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch {
 namespace {
@@ -115,7 +116,7 @@ StepRecord Step(int64_t step) {
 // The "dropped" field of a message; -1 when absent.
 int64_t DroppedField(const std::string& text) {
   auto parsed = json::Parse(text);
-  EXPECT_TRUE(parsed.ok()) << text;
+  EXPECT_OK(parsed) << text;
   if (!parsed.ok()) return -2;
   const json::Value* d = parsed->Find("dropped");
   return d == nullptr ? -1 : d->as_int64();

@@ -213,7 +213,7 @@ TEST(MemoryBudgetTest, GaugesAndLimitHitsOnMetrics) {
   EXPECT_EQ(value("stepwatch_collector_limit_hits_total", "memory"), 7);
 }
 
-// The receive limit must let through the largest batch an agent sends (agent/shipper.h
+// The receive limit must let through the largest batch an agent sends (agent/collector_link.h
 // max_events_per_batch steps, names at their longest, every GPU field), or that agent would resend
 // it forever.
 TEST(MemoryBudgetTest, LargestAgentBatchFitsTheReceiveLimit) {

@@ -7,22 +7,23 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch {
 namespace {
 
 TEST(CollectorTargetsTest, ParsesListsAndDnsNames) {
   absl::StatusOr<CollectorTargets> t = ParseCollectorTargets("a:1, b:2,[::1]:3,a:1");
-  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_OK(t);
   EXPECT_FALSE(t->is_dns());
   EXPECT_EQ(t->addresses, (std::vector<std::string>{"a:1", "b:2", "[::1]:3"}));
 
   t = ParseCollectorTargets("dns:///stepwatch-collector.ns.svc:7070");
-  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_OK(t);
   EXPECT_TRUE(t->is_dns());
   EXPECT_EQ(t->dns_name, "stepwatch-collector.ns.svc");
   EXPECT_EQ(t->dns_port, 7070);
-  EXPECT_TRUE(ParseCollectorTargets("dns:localhost:7070").ok());
+  EXPECT_OK(ParseCollectorTargets("dns:localhost:7070"));
 }
 
 TEST(CollectorTargetsTest, RefusesBadLists) {
@@ -34,16 +35,16 @@ TEST(CollectorTargetsTest, RefusesBadLists) {
 
 TEST(CollectorTargetsTest, ResolvesEveryAddressOfAName) {
   absl::StatusOr<CollectorTargets> t = ParseCollectorTargets("dns:///localhost:7070");
-  ASSERT_TRUE(t.ok());
+  ASSERT_OK(t);
   absl::StatusOr<std::vector<std::string>> got = ResolveCollectorTargets(*t);
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   ASSERT_FALSE(got->empty());
   const std::set<std::string> set(got->begin(), got->end());
   EXPECT_EQ(set.size(), got->size());
   EXPECT_TRUE(set.count("127.0.0.1:7070") || set.count("[::1]:7070")) << (*got)[0];
 
   t = ParseCollectorTargets("dns:///no-such-collector.invalid:7070");
-  ASSERT_TRUE(t.ok());
+  ASSERT_OK(t);
   EXPECT_FALSE(ResolveCollectorTargets(*t).ok());
   // A list is taken as it is.
   t = ParseCollectorTargets("b:1,a:1");

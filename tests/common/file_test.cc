@@ -4,48 +4,49 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace stepwatch {
 namespace {
 
-std::string TempDir() {
-  std::string templ = ::testing::TempDir() + "stepwatch-file-XXXXXX";
-  char* dir = mkdtemp(templ.data());
-  EXPECT_NE(dir, nullptr);
-  return templ;
-}
+using test::StatusIs;
+using test::TempDir;
 
 TEST(FileTest, WriteAtomicallyThenReadBackReplacingTheOldContent) {
-  const std::string path = TempDir() + "/state";
-  ASSERT_TRUE(WriteFileAtomically(path, "first version").ok());
-  ASSERT_TRUE(WriteFileAtomically(path, "second").ok());
+  TempDir dir("stepwatch-file");
+  const std::string path = dir.File("state");
+  ASSERT_OK(WriteFileAtomically(path, "first version"));
+  ASSERT_OK(WriteFileAtomically(path, "second"));
   absl::StatusOr<std::string> read = ReadFile(path);
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read);
   EXPECT_EQ(*read, "second");
 }
 
 TEST(FileTest, MissingFileIsNotFound) {
-  absl::StatusOr<std::string> read = ReadFile(TempDir() + "/absent");
-  EXPECT_TRUE(absl::IsNotFound(read.status())) << read.status();
+  TempDir dir("stepwatch-file");
+  EXPECT_THAT(ReadFile(dir.File("absent")), StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST(FileTest, ReadsAtMostMaxBytes) {
-  const std::string path = TempDir() + "/big";
-  ASSERT_TRUE(WriteFileAtomically(path, std::string(200000, 'x')).ok());
+  TempDir dir("stepwatch-file");
+  const std::string path = dir.File("big");
+  ASSERT_OK(WriteFileAtomically(path, std::string(200000, 'x')));
   absl::StatusOr<std::string> read = ReadFile(path, 1000);
-  ASSERT_TRUE(read.ok());
+  ASSERT_OK(read);
   EXPECT_EQ(read->size(), 1000u);
   EXPECT_EQ(ReadFile(path)->size(), 200000u);
 }
 
 TEST(FileTest, ReadsProcFilesThatReportSizeZero) {
   absl::StatusOr<std::string> read = ReadFile("/proc/self/status");
-  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_OK(read);
   EXPECT_NE(read->find("Pid:"), std::string::npos);
 }
 
 TEST(FileTest, WriteIntoMissingDirectoryFails) {
-  EXPECT_FALSE(WriteFileAtomically(TempDir() + "/no/such/dir/file", "x").ok());
+  TempDir dir("stepwatch-file");
+  EXPECT_THAT(WriteFileAtomically(dir.File("no/such/dir/file"), "x"), ::testing::Not(test::IsOk()));
 }
 
 }  // namespace

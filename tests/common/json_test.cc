@@ -3,13 +3,14 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::json {
 namespace {
 
 TEST(JsonTest, ParsesFlatObject) {
   auto v = Parse(R"({"job":"j1","rank":3,"step_s":0.25,"ok":true,"x":null})");
-  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_OK(v);
   ASSERT_TRUE(v->is_object());
   EXPECT_EQ(v->Find("job")->as_string(), "j1");
   EXPECT_TRUE(v->Find("rank")->is_integer());
@@ -23,7 +24,7 @@ TEST(JsonTest, ParsesFlatObject) {
 
 TEST(JsonTest, ParsesNestedArraysAndObjects) {
   auto v = Parse(R"( {"gpus":[{"pids":[1,2]},{"pids":[]}]} )");
-  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_OK(v);
   const auto& gpus = v->Find("gpus")->as_array();
   ASSERT_EQ(gpus.size(), 2u);
   EXPECT_EQ(gpus[0].Find("pids")->as_array()[1].as_int64(), 2);
@@ -32,24 +33,24 @@ TEST(JsonTest, ParsesNestedArraysAndObjects) {
 
 TEST(JsonTest, StringEscapesAndUtf8) {
   auto v = Parse(R"("a\"b\\c\n\u00e9\ud83d\ude00é")");
-  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_OK(v);
   EXPECT_EQ(v->as_string(), "a\"b\\c\n\xC3\xA9\xF0\x9F\x98\x80\xC3\xA9");
 }
 
 TEST(JsonTest, IntegersKeepExactValueAndRejectOverflowAsInteger) {
   auto v = Parse("9223372036854775807");
-  ASSERT_TRUE(v.ok());
+  ASSERT_OK(v);
   EXPECT_TRUE(v->is_integer());
   EXPECT_EQ(v->as_int64(), INT64_MAX);
   auto big = Parse("9223372036854775808");
-  ASSERT_TRUE(big.ok());
+  ASSERT_OK(big);
   EXPECT_FALSE(big->is_integer());
   auto neg = Parse("-9223372036854775808");
-  ASSERT_TRUE(neg.ok());
+  ASSERT_OK(neg);
   EXPECT_TRUE(neg->is_integer());
   EXPECT_EQ(neg->as_int64(), INT64_MIN);
   auto exp = Parse("1e3");
-  ASSERT_TRUE(exp.ok());
+  ASSERT_OK(exp);
   EXPECT_FALSE(exp->is_integer());
   EXPECT_DOUBLE_EQ(exp->as_double(), 1000);
 }
@@ -90,13 +91,13 @@ TEST(JsonTest, LimitsDepth) {
   EXPECT_NE(v.status().message().find("too deep"), std::string::npos);
   ParseOptions options;
   options.max_depth = 200;
-  EXPECT_TRUE(Parse(deep, options).ok());
+  EXPECT_OK(Parse(deep, options));
 }
 
 TEST(JsonTest, QuoteRoundTrips) {
   std::string original = "tab\there \"quoted\" back\\slash \x01 é";
   auto v = Parse(Quote(original));
-  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_OK(v);
   EXPECT_EQ(v->as_string(), original);
 }
 

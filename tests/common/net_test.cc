@@ -1,21 +1,22 @@
 #include "common/net.h"
 
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch {
 namespace {
 
 TEST(ParseHostPortTest, AcceptsCommonForms) {
   auto a = ParseHostPort("127.0.0.1:7070");
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   EXPECT_EQ(a->host, "127.0.0.1");
   EXPECT_EQ(a->port, 7070);
   auto b = ParseHostPort("[::1]:0");
-  ASSERT_TRUE(b.ok());
+  ASSERT_OK(b);
   EXPECT_EQ(b->host, "::1");
   EXPECT_EQ(b->port, 0);
   auto c = ParseHostPort(":9464");
-  ASSERT_TRUE(c.ok());
+  ASSERT_OK(c);
   EXPECT_EQ(c->host, "");
   EXPECT_EQ(c->port, 9464);
 }

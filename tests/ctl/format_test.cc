@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "common/json.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::ctl {
 namespace {
@@ -444,7 +445,7 @@ TEST(FormatTest, ExplainShowsPerRankSectionMedians) {
 
 TEST(FormatTest, ExplainJsonCarriesSections) {
   absl::StatusOr<std::string> json = ToJson(SectionExplain());
-  ASSERT_TRUE(json.ok());
+  ASSERT_OK(json);
   for (const char* needle : {"\"section_names\": [\n   \"forward\",", "\"sections_folded\": 0",
                              "\"name\": \"backward\",\n     \"seconds\": 0.03",
                              "\"section\": \"backward\"", "\"section_vs_reference_ratio\": 1.5"}) {
@@ -454,11 +455,11 @@ TEST(FormatTest, ExplainJsonCarriesSections) {
 
 TEST(FormatTest, JsonUsesProtoFieldNamesAndPrintsDefaults) {
   absl::StatusOr<std::string> json = ToJson(SampleStatus());
-  ASSERT_TRUE(json.ok());
+  ASSERT_OK(json);
   EXPECT_NE(json->find("\"world_size\": 64"), std::string::npos) << *json;
   EXPECT_NE(json->find("\"steps_per_second\""), std::string::npos) << *json;
   json = ToJson(v1::FindingsResponse());
-  ASSERT_TRUE(json.ok());
+  ASSERT_OK(json);
   EXPECT_NE(json->find("\"findings\": []"), std::string::npos) << *json;
 }
 
@@ -471,9 +472,9 @@ TEST(FormatTest, JsonPrints64BitIntegersAsNumbers) {
   status.mutable_jobs(0)->set_last_seen_unix_nanos(1764600000123456789);
   status.mutable_jobs(0)->set_job("4711");
   absl::StatusOr<std::string> out = ToJson(status);
-  ASSERT_TRUE(out.ok());
+  ASSERT_OK(out);
   absl::StatusOr<json::Value> v = json::Parse(*out);
-  ASSERT_TRUE(v.ok()) << v.status() << "\n" << *out;
+  ASSERT_OK(v) << "\n" << *out;
   const json::Value& job = v->Find("jobs")->as_array()[0];
   ASSERT_TRUE(job.Find("last_step")->is_number()) << *out;
   EXPECT_EQ(job.Find("last_step")->as_int64(), 1234567890123);
@@ -491,9 +492,9 @@ TEST(FormatTest, JsonPrints64BitIntegersAsNumbers) {
   f->set_since_unix_nanos(1764600000000000001);
   f->set_summary("123");
   out = ToJson(findings);
-  ASSERT_TRUE(out.ok());
+  ASSERT_OK(out);
   v = json::Parse(*out);
-  ASSERT_TRUE(v.ok()) << v.status() << "\n" << *out;
+  ASSERT_OK(v) << "\n" << *out;
   const json::Value& fj = v->Find("findings")->as_array()[0];
   EXPECT_TRUE(fj.Find("since_step")->is_number()) << *out;
   EXPECT_EQ(fj.Find("since_unix_nanos")->as_int64(), 1764600000000000001);

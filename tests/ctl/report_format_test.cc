@@ -4,6 +4,7 @@
 
 #include "common/json.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::ctl {
 namespace {
@@ -81,7 +82,7 @@ TEST(ReportFormatTest, TextShowsStateStepsAndEachFindingsSpan) {
 
 TEST(ReportFormatTest, JsonHasNumbersAndNullForUnknown) {
   absl::StatusOr<json::Value> v = json::Parse(ReportToJson(Finished()));
-  ASSERT_TRUE(v.ok()) << v.status() << "\n" << ReportToJson(Finished());
+  ASSERT_OK(v) << "\n" << ReportToJson(Finished());
   EXPECT_EQ(v->Find("job")->as_string(), "llm \"7b\"");
   EXPECT_EQ(v->Find("state")->as_string(), "finished");
   EXPECT_EQ(v->Find("world_size")->as_int64(), 8);
@@ -118,7 +119,7 @@ TEST(ReportFormatTest, JsonHasNumbersAndNullForUnknown) {
   running.clear_whatif_speedup_ratio();
   running.clear_findings();
   v = json::Parse(ReportToJson(running));
-  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_OK(v);
   EXPECT_TRUE(v->Find("efficiency_ratio")->is_null());
   EXPECT_TRUE(v->Find("breakdown")->is_null());
   EXPECT_TRUE(v->Find("whatif")->is_null());
@@ -141,7 +142,7 @@ TEST(ReportFormatTest, SectionsAndSectionFindings) {
   EXPECT_EQ(FormatReport(Finished()).find("Sections"), std::string::npos);
 
   absl::StatusOr<json::Value> v = json::Parse(ReportToJson(r));
-  ASSERT_TRUE(v.ok()) << v.status() << "\n" << ReportToJson(r);
+  ASSERT_OK(v) << "\n" << ReportToJson(r);
   const json::Value::Array& names = v->Find("sections")->as_array();
   ASSERT_EQ(names.size(), 2u);
   EXPECT_EQ(names[0].as_string(), "forward");
@@ -154,14 +155,14 @@ TEST(ReportFormatTest, SectionsAndSectionFindings) {
   EXPECT_TRUE(findings[1].Find("section_vs_reference_ratio")->is_null());
 
   v = json::Parse(ReportToJson(Finished()));
-  ASSERT_TRUE(v.ok());
+  ASSERT_OK(v);
   EXPECT_TRUE(v->Find("sections")->as_array().empty());
   EXPECT_EQ(v->Find("sections_folded")->as_int64(), 0);
   // The listing has them too.
   v1::ReportResponse listing;
   *listing.add_reports() = r;
   v = json::Parse(ReportListToJson(listing));
-  ASSERT_TRUE(v.ok());
+  ASSERT_OK(v);
   EXPECT_EQ(v->Find("reports")->as_array()[0].Find("sections")->as_array().size(), 2u);
 }
 
@@ -184,14 +185,14 @@ TEST(ReportFormatTest, ListingShowsOneRowPerReport) {
   EXPECT_EQ(FormatReportList(v1::ReportResponse()), "No job reports.\n");
 
   absl::StatusOr<json::Value> v = json::Parse(ReportListToJson(list));
-  ASSERT_TRUE(v.ok()) << v.status() << "\n" << ReportListToJson(list);
+  ASSERT_OK(v) << "\n" << ReportListToJson(list);
   const json::Value::Array& reports = v->Find("reports")->as_array();
   ASSERT_EQ(reports.size(), 2u);
   EXPECT_EQ(reports[0].Find("finding_count")->as_int64(), 2);
   EXPECT_EQ(reports[1].Find("state")->as_string(), "running");
   EXPECT_EQ(reports[0].Find("findings"), nullptr);
   v = json::Parse(ReportListToJson(v1::ReportResponse()));
-  ASSERT_TRUE(v.ok());
+  ASSERT_OK(v);
   EXPECT_TRUE(v->Find("reports")->as_array().empty());
 }
 
@@ -217,7 +218,7 @@ TEST(ReportFormatTest, UnsavedAndPartialReportsSaySo) {
   EXPECT_NE(text.find("has not reported since"), std::string::npos) << text;
 
   absl::StatusOr<json::Value> v = json::Parse(ReportToJson(r));
-  ASSERT_TRUE(v.ok()) << v.status() << "\n" << ReportToJson(r);
+  ASSERT_OK(v) << "\n" << ReportToJson(r);
   EXPECT_TRUE(v->Find("unsaved")->as_bool());
   EXPECT_TRUE(v->Find("partial")->as_bool());
   const json::Value::Array& gaps = v->Find("gaps")->as_array();
@@ -237,7 +238,7 @@ TEST(ReportFormatTest, UnsavedAndPartialReportsSaySo) {
   const std::string rows = FormatReportList(list);
   EXPECT_NE(rows.find("unsaved,partial"), std::string::npos) << rows;
   v = json::Parse(ReportListToJson(list));
-  ASSERT_TRUE(v.ok());
+  ASSERT_OK(v);
   EXPECT_TRUE(v->Find("reports")->as_array()[0].Find("unsaved")->as_bool());
   EXPECT_FALSE(v->Find("reports")->as_array()[1].Find("unsaved")->as_bool());
   EXPECT_FALSE(v->Find("reports")->as_array()[1].Find("partial")->as_bool());

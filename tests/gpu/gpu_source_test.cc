@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::gpu {
 namespace {
@@ -72,7 +73,7 @@ class GpuSourceTest : public ::testing::Test {
 
   std::vector<v1::GpuSample> SampleOk(GpuSource* source) {
     absl::StatusOr<std::vector<v1::GpuSample>> samples = source->Sample(Now());
-    EXPECT_TRUE(samples.ok()) << samples.status();
+    EXPECT_OK(samples);
     return samples.ok() ? *samples : std::vector<v1::GpuSample>{};
   }
 

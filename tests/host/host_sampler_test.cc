@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "host/memory_bandwidth.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::host {
 namespace {
@@ -57,7 +58,7 @@ TEST_F(HostSamplerTest, ReadsTheCapturedTree) {
   Install("debian12-2cpu");
   auto sampler = Make();
   absl::StatusOr<v1::HostSample> s = sampler->Sample(5 * kSecond);
-  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_OK(s);
   EXPECT_EQ(s->sampled_unix_nanos(), 5 * kSecond);
   EXPECT_EQ(s->cpu_count(), 2u);
   EXPECT_FALSE(s->has_cpu_utilization_ratio());  // needs a previous reading
@@ -73,11 +74,11 @@ TEST_F(HostSamplerTest, CpuUtilizationFromDeltas) {
   Install("debian12-2cpu");
   Write("proc/stat", "cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 1 0 1 1 0 0 0 0 0 0\n");
   auto sampler = Make();
-  ASSERT_TRUE(sampler->Sample(1 * kSecond).ok());
+  ASSERT_OK(sampler->Sample(1 * kSecond));
   // +300 busy (user 200, system 100), +100 idle, +100 iowait: 300 / 500 busy.
   Write("proc/stat", "cpu  300 0 200 900 100 0 0 0 0 0\ncpu0 1 0 1 1 0 0 0 0 0 0\n");
   absl::StatusOr<v1::HostSample> s = sampler->Sample(2 * kSecond);
-  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_OK(s);
   EXPECT_EQ(s->cpu_count(), 1u);
   ASSERT_TRUE(s->has_cpu_utilization_ratio());
   EXPECT_DOUBLE_EQ(s->cpu_utilization_ratio(), 0.6);
@@ -91,7 +92,7 @@ TEST_F(HostSamplerTest, MissingFiles) {
   fs::remove(root_ / "proc/meminfo");
   Write("proc/net/dev", "garbage\n");
   absl::StatusOr<v1::HostSample> s = sampler->Sample(2 * kSecond);
-  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_OK(s);
   EXPECT_EQ(s->cpu_count(), 2u);
   EXPECT_FALSE(s->has_memory_total_bytes());
   EXPECT_FALSE(s->has_memory_available_bytes());
@@ -104,7 +105,7 @@ TEST_F(HostSamplerTest, MemoryBandwidthFromResctrl) {
   const std::string mon = "sys/fs/resctrl/mon_data/";
   auto sampler = Make();
   absl::StatusOr<v1::HostSample> first = sampler->Sample(10 * kSecond);
-  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_OK(first);
   EXPECT_EQ(first->memory_bandwidth_source(), "resctrl");
   EXPECT_FALSE(first->has_memory_bandwidth_bytes_per_second());
 
@@ -114,7 +115,7 @@ TEST_F(HostSamplerTest, MemoryBandwidthFromResctrl) {
   Write(mon + "mon_L3_01/mbm_total_bytes", "2002000000\n");
   Write("sys/fs/resctrl/batch/mon_data/mon_L3_00/mbm_total_bytes", "1000300000\n");
   absl::StatusOr<v1::HostSample> second = sampler->Sample(12 * kSecond);
-  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_OK(second);
   EXPECT_EQ(second->memory_bandwidth_source(), "resctrl");
   ASSERT_TRUE(second->has_memory_bandwidth_bytes_per_second());
   EXPECT_DOUBLE_EQ(second->memory_bandwidth_bytes_per_second(), 3.5e9);
@@ -122,11 +123,11 @@ TEST_F(HostSamplerTest, MemoryBandwidthFromResctrl) {
   // A new control group changes what is summed: no rate across that change, then rates resume.
   Write("sys/fs/resctrl/train/mon_data/mon_L3_00/mbm_total_bytes", "999999999999\n");
   absl::StatusOr<v1::HostSample> third = sampler->Sample(13 * kSecond);
-  ASSERT_TRUE(third.ok());
+  ASSERT_OK(third);
   EXPECT_FALSE(third->has_memory_bandwidth_bytes_per_second());
   Write("sys/fs/resctrl/train/mon_data/mon_L3_00/mbm_total_bytes", "1999999999999\n");
   absl::StatusOr<v1::HostSample> fourth = sampler->Sample(14 * kSecond);
-  ASSERT_TRUE(fourth.ok());
+  ASSERT_OK(fourth);
   EXPECT_DOUBLE_EQ(fourth->memory_bandwidth_bytes_per_second(), 1e12);
 }
 
@@ -138,14 +139,14 @@ TEST_F(HostSamplerTest, ResctrlWithoutReadableCountersIsUnavailable) {
   EXPECT_FALSE(counter.ok());
   auto sampler = Make();
   absl::StatusOr<v1::HostSample> s = sampler->Sample(kSecond);
-  ASSERT_TRUE(s.ok());
+  ASSERT_OK(s);
   EXPECT_EQ(s->memory_bandwidth_source(), "");
 }
 
 TEST_F(HostSamplerTest, DiscoversUncoreImcEvents) {
   Install("perf-imc");
   absl::StatusOr<std::vector<ImcEvent>> events = DiscoverImcEvents(root_.string());
-  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_OK(events);
   ASSERT_EQ(events->size(), 4u);  // two PMUs x (read, write); the core PMU "cpu" is not one
   const ImcEvent& read0 = (*events)[0];
   EXPECT_EQ(read0.pmu, "uncore_imc_0");
@@ -163,7 +164,7 @@ TEST_F(HostSamplerTest, DiscoversUncoreImcEvents) {
   Install("debian12-2cpu");
   auto sampler = Make();
   absl::StatusOr<v1::HostSample> s = sampler->Sample(kSecond);
-  ASSERT_TRUE(s.ok());
+  ASSERT_OK(s);
   EXPECT_EQ(s->memory_bandwidth_source(), "");
 }
 
@@ -174,12 +175,12 @@ TEST_F(HostSamplerTest, NoImcPmuIsNotFound) {
 TEST(HostSamplerRealRootTest, ReadsThisMachine) {
   auto sampler = MakeHostSampler(HostSamplerOptions{});
   absl::StatusOr<v1::HostSample> first = sampler->Sample(kSecond);
-  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_OK(first);
   EXPECT_GT(first->cpu_count(), 0u);
   EXPECT_GT(first->memory_total_bytes(), 0u);
   EXPECT_LE(first->memory_available_bytes(), first->memory_total_bytes());
   absl::StatusOr<v1::HostSample> second = sampler->Sample(2 * kSecond);
-  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_OK(second);
   if (second->has_cpu_utilization_ratio()) {
     EXPECT_GE(second->cpu_utilization_ratio(), 0.0);
     EXPECT_LE(second->cpu_utilization_ratio(), 1.0);

@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::host {
 namespace {
@@ -25,7 +26,7 @@ std::string Fixture(const std::string& relative) {
 TEST(ParseProcStatTest, CapturedTwoCpuMachine) {
   // cpu  24077 0 6997 108855 503 0 73 24 0 0
   absl::StatusOr<CpuTimes> t = ParseProcStat(Fixture("debian12-2cpu/proc/stat"));
-  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_OK(t);
   EXPECT_EQ(t->cpu_count, 2u);
   EXPECT_EQ(t->total, 24077u + 6997 + 108855 + 503 + 73 + 24);
   EXPECT_EQ(t->busy, 24077u + 6997 + 73 + 24);
@@ -41,7 +42,7 @@ TEST(ParseProcStatTest, GuestTimeIsNotCountedTwice) {
       "cpu3 25 2 13 200 5 1 1 2 10 1\n"
       "intr 1 2 3\nctxt 99\nbtime 1700000000\nprocesses 5\n";
   absl::StatusOr<CpuTimes> t = ParseProcStat(kStat);
-  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_OK(t);
   EXPECT_EQ(t->cpu_count, 4u);
   EXPECT_EQ(t->total, 1000u);
   EXPECT_EQ(t->busy, 180u);
@@ -65,7 +66,7 @@ TEST(CpuUtilizationTest, FromDeltas) {
 
 TEST(ParseMeminfoTest, CapturedMachine) {
   absl::StatusOr<MemInfo> m = ParseMeminfo(Fixture("debian12-2cpu/proc/meminfo"));
-  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_OK(m);
   EXPECT_EQ(m->total_bytes, 24684096ull * 1024);
   ASSERT_TRUE(m->available_bytes.has_value());
   EXPECT_EQ(*m->available_bytes, 24096076ull * 1024);
@@ -73,7 +74,7 @@ TEST(ParseMeminfoTest, CapturedMachine) {
 
 TEST(ParseMeminfoTest, OldKernelWithoutMemAvailable) {
   absl::StatusOr<MemInfo> m = ParseMeminfo("MemTotal:  1024 kB\nMemFree:  512 kB\n");
-  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_OK(m);
   EXPECT_EQ(m->total_bytes, 1024u * 1024);
   EXPECT_FALSE(m->available_bytes.has_value());
   EXPECT_FALSE(ParseMeminfo("MemFree: 1 kB\n").ok());
@@ -82,7 +83,7 @@ TEST(ParseMeminfoTest, OldKernelWithoutMemAvailable) {
 
 TEST(ParseNetDevTest, CapturedMachineExcludesLoopback) {
   absl::StatusOr<NetTotals> n = ParseNetDev(Fixture("debian12-2cpu/proc/net/dev"));
-  ASSERT_TRUE(n.ok()) << n.status();
+  ASSERT_OK(n);
   EXPECT_EQ(n->receive_bytes, 109767542u);
   EXPECT_EQ(n->transmit_bytes, 90869u);
 }
@@ -96,7 +97,7 @@ TEST(ParseNetDevTest, SumsInterfacesAndHandlesCountersTouchingTheColon) {
       "  eth0:12345678901234 10 0 0 0 0 0 0 200 2 0 0 0 0 0 0\n"
       "ib0: 1000 1 0 0 0 0 0 0 3000 3 0 0 0 0 0 0\n";
   absl::StatusOr<NetTotals> n = ParseNetDev(kDev);
-  ASSERT_TRUE(n.ok()) << n.status();
+  ASSERT_OK(n);
   EXPECT_EQ(n->receive_bytes, 12345678901234u + 1000);
   EXPECT_EQ(n->transmit_bytes, 3200u);
   EXPECT_FALSE(ParseNetDev("").ok());
@@ -105,7 +106,7 @@ TEST(ParseNetDevTest, SumsInterfacesAndHandlesCountersTouchingTheColon) {
 
 TEST(ParseResctrlCounterTest, NumberOrUnavailable) {
   absl::StatusOr<uint64_t> v = ParseResctrlCounter("8231157760\n");
-  ASSERT_TRUE(v.ok());
+  ASSERT_OK(v);
   EXPECT_EQ(*v, 8231157760u);
   EXPECT_FALSE(ParseResctrlCounter("Unavailable\n").ok());
   EXPECT_FALSE(ParseResctrlCounter("").ok());
@@ -113,13 +114,13 @@ TEST(ParseResctrlCounterTest, NumberOrUnavailable) {
 
 TEST(ParsePerfFormatTest, Ranges) {
   absl::StatusOr<PerfFormatField> f = ParsePerfFormat("config:0-7\n");
-  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_OK(f);
   EXPECT_THAT(f->bit_ranges, ElementsAre(Pair(0, 7)));
   f = ParsePerfFormat("config:21");
-  ASSERT_TRUE(f.ok());
+  ASSERT_OK(f);
   EXPECT_THAT(f->bit_ranges, ElementsAre(Pair(21, 21)));
   f = ParsePerfFormat("config:0-7,32-35");
-  ASSERT_TRUE(f.ok());
+  ASSERT_OK(f);
   EXPECT_THAT(f->bit_ranges, ElementsAre(Pair(0, 7), Pair(32, 35)));
   EXPECT_FALSE(ParsePerfFormat("config1:0-7").ok());
   EXPECT_FALSE(ParsePerfFormat("config:7-0").ok());
@@ -132,13 +133,13 @@ TEST(ParsePerfEventConfigTest, PlacesTermsByFormat) {
                                                                     {"edge", "config:18"},
                                                                     {"wide", "config:0-3,32-35"}};
   absl::StatusOr<uint64_t> c = ParsePerfEventConfig("event=0x04,umask=0x03\n", formats);
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_EQ(*c, 0x0304u);
   c = ParsePerfEventConfig("event=0x04,umask=0x0c,edge", formats);
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_EQ(*c, 0x0c04u | (1u << 18));
   c = ParsePerfEventConfig("wide=0xab", formats);
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_EQ(*c, 0xbull | (0xaull << 32));
   EXPECT_FALSE(ParsePerfEventConfig("event=0x04,mystery=1", formats).ok());
   EXPECT_FALSE(ParsePerfEventConfig("event=zz", formats).ok());

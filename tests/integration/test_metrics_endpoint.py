@@ -14,7 +14,7 @@ from harness import Agent, Collector, metric_value, parse_metrics, wait_until
 
 IDLE = 300
 SLOW = 20
-# The endpoint's header deadline (security/metrics_endpoint.h).
+# The endpoint's header deadline (http/metrics_endpoint.h).
 HEADER_TIMEOUT_S = 5.0
 # Generous for a loaded 2-core CI machine under ASan; the benchmark measures the real figure
 # (docs/performance.md).

@@ -170,7 +170,7 @@ class SecurityTest(unittest.TestCase):
                                                             "tls_key": self.foreign[1]})):
                 with Agent(self.tmpdir, c.grpc_addr, node="node-a", **extra) as agent:
                     self.send_steps(agent, f"job-{name}")
-                    # The agent tried and was turned away (its shipper logs each failed attempt).
+                    # The agent tried and was turned away (its collector link logs each failed attempt).
                     wait_until(lambda: "unavailable" in agent.log(), timeout=20,
                                message=f"the {name} agent's connection to be refused")
                     self.assertEqual(self.steps_received(c), 0, name)

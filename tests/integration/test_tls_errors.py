@@ -1,6 +1,7 @@
-"""What stepwatchctl says when a TLS connection to a real collector fails: gRPC itself says
-little more than "Socket closed", so each case must name its likely cause or list the causes and
-the flags to check (security/tls_errors.cc)."""
+"""What stepwatchctl and the agent say when a TLS connection to a real collector fails: gRPC itself
+says little more than "Socket closed", so each case must name its likely cause or list the causes
+and the flags to check (security/tls_errors.cc). The agent logs the cause once, not once per
+retry."""
 
 import os
 import shutil
@@ -8,7 +9,7 @@ import subprocess
 import tempfile
 import unittest
 
-from harness import Collector, build_path
+from harness import Agent, Collector, build_path, wait_until
 from test_security import Pki
 
 
@@ -82,6 +83,30 @@ class TlsErrorMessagesTest(unittest.TestCase):
                 run_ctl(c.grpc_addr, *self.client()), "does not speak TLS")
         for case, line in seen.items():
             print(f"\n{case}: {line}")
+
+    def agent_cause(self, agent, *words):
+        line = wait_until(
+            lambda: [l for l in agent.log().splitlines() if "likely cause:" in l],
+            timeout=30, message="the agent to log the likely cause")[-1]
+        for word in words:
+            self.assertIn(word, line)
+        return line
+
+    def test_agent_log_names_the_cause_once(self):
+        with Collector(self.tmpdir, tls_cert=self.server[0], tls_key=self.server[1],
+                       tls_client_ca=self.pki.ca) as c:
+            with Agent(self.tmpdir, c.grpc_addr, node="no-cert", tls_ca=self.pki.ca,
+                       reconnect_max_backoff=0.2) as agent:
+                line = self.agent_cause(agent, "no client certificate", "--tls-cert")
+                # Several retries later the cause is still logged once.
+                wait_until(lambda: agent.log().count("unavailable (") >= 3, timeout=30,
+                           message="the agent to retry")
+                self.assertEqual(agent.log().count("likely cause:"), 1, agent.log())
+                print(f"\nagent without a client certificate: {line}")
+            with Agent(self.tmpdir, c.grpc_addr, node="unknown-ca", tls_ca=self.other.ca,
+                       tls_cert=self.reader[0], tls_key=self.reader[1]) as agent:
+                line = self.agent_cause(agent, "unknown CA", "--tls-ca")
+                print(f"\nagent trusting another CA: {line}")
 
 
 if __name__ == "__main__":

@@ -197,6 +197,10 @@ class TlsRotationTest(unittest.TestCase):
                            message="the agent to refuse the half-applied rotation")
                 self.assertIn("is not the private key of the certificate in --tls-cert",
                               agent.log())
+                agent_counter = lambda name: metric_value(agent.scrape(), name)
+                wait_until(lambda: agent_counter("stepwatch_agent_tls_reload_errors_total") == 1,
+                           timeout=10, message="the agent to count the refused rotation")
+                self.assertEqual(agent_counter("stepwatch_agent_tls_reloads_total"), 0)
                 agent.send(step_event("rot-agent", 0, 1, 1, 0.1))
                 wait_until(lambda: received() == 2, timeout=20, message="a step after it")
                 shutil.copy(os.path.join(node_dir, "n2", "key.pem"),
@@ -204,6 +208,9 @@ class TlsRotationTest(unittest.TestCase):
                 os.replace(os.path.join(current, "key.pem.tmp"), os.path.join(current, "key.pem"))
                 wait_until(lambda: "reloaded (checked to be a pair)" in agent.log(), timeout=30,
                            message="the agent to take the completed rotation")
+                wait_until(lambda: agent_counter("stepwatch_agent_tls_reloads_total") == 1,
+                           timeout=10, message="the agent to count the completed rotation")
+                self.assertEqual(agent_counter("stepwatch_agent_tls_reload_errors_total"), 1)
                 agent.send(step_event("rot-agent", 0, 1, 2, 0.1))
                 wait_until(lambda: received() == 3, timeout=20, message="a step after that")
 

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <numeric>
 
+#include "tests/testing/status_matchers.h"
+
 namespace stepwatch::sim {
 namespace {
 
@@ -200,7 +202,7 @@ TEST(TraceSimTest, LoadsKinetoStepsAndKeepsStepsEveryRankHas) {
                 "a,0,8,2,0.5,0.01,0.3,0.2,0.15,0.04\n"
                 "b,0,1,7,0.2,0,0.1,0,0,0.1\n");
   auto ts = LoadKinetoSteps(path);
-  ASSERT_TRUE(ts.ok()) << ts.status();
+  ASSERT_OK(ts);
   ASSERT_EQ(ts->size(), 2u);
   const DpTrace& a = (*ts)[0];
   EXPECT_EQ(a.name, "a");
@@ -230,7 +232,7 @@ TEST(TraceSimTest, LoaderErrors) {
                                     ",worker,gpu,time,batch_time_norm\n0,0,25,1,400\n1,1,25,1,500\n"
                                     "2,0,25,11,410\n"),
                           "j");
-  ASSERT_TRUE(pai.ok()) << pai.status();
+  ASSERT_OK(pai);
   ASSERT_EQ(pai->steps.size(), 1u);  // step 1 lacks worker 1
   EXPECT_DOUBLE_EQ(pai->rank_steps[0][0].exposed_comm, 0.1);
   EXPECT_DOUBLE_EQ(pai->rank_steps[0][1].step, 0.5);

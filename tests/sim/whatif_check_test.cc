@@ -7,6 +7,8 @@
 #include <iostream>
 #include <set>
 
+#include "tests/testing/status_matchers.h"
+
 namespace stepwatch::sim {
 namespace {
 
@@ -16,7 +18,7 @@ namespace {
 TEST(WhatIfCheckTest, EngineAgreesWithTheSimulatorOnEveryTrace) {
   const std::string pai = std::filesystem::exists(STEPWATCH_PAI_DIR) ? STEPWATCH_PAI_DIR : "";
   auto checks = CheckAll(STEPWATCH_TRACES_DIR, pai);
-  ASSERT_TRUE(checks.ok()) << checks.status();
+  ASSERT_OK(checks);
   std::set<std::string> traces;
   int estimates = 0;
   for (const TraceCheck& c : *checks) {
@@ -60,7 +62,7 @@ TEST(WhatIfCheckTest, FormerlyWrongCasesAreWithinTenPercent) {
   for (int job : {1, 4}) {
     auto t = LoadPaiTrace(
         std::string(STEPWATCH_PAI_DIR) + "/job_" + std::to_string(job) + "_norm.csv", "pai");
-    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_OK(t);
     const TraceCheck c = Check(*t, "pai");
     EXPECT_EQ(c.rows[0].fix, Fix::kStragglers);
     EXPECT_EQ(c.rows[0].kind, analysis::WhatIfKind::kEstimate);

@@ -6,6 +6,7 @@
 
 #include "analysis/detector.h"
 #include "analysis/engine.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::analysis {
 namespace {
@@ -37,7 +38,7 @@ TEST(EngineDetectorListTest, TheEngineTimesEachDetector) {
       s.compute_seconds = 0.4;
       s.node = "n";
       s.received_unix_nanos = (step + 1) * 500'000'000LL;
-      ASSERT_TRUE(engine.AddStep(s).ok());
+      ASSERT_OK(engine.AddStep(s));
     }
   }
   GpuSample g;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/analysis/detectors/fixture.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::analysis {
 namespace {
@@ -14,7 +15,7 @@ using ::testing::Not;
 
 TEST(EngineScalingDetectorTest, ComparesWithTheBestSmallerSizeOfTheHistory) {
   ScalingDetector scaling;
-  ASSERT_TRUE(scaling.LoadHistory("stepwatch-scaling-history v1\njob\t4\t2\n").ok());
+  ASSERT_OK(scaling.LoadHistory("stepwatch-scaling-history v1\njob\t4\t2\n"));
   DetectorFixture fx({&scaling}, 8);
   for (int r = 0; r < 8; ++r) fx.AddRank(r, "node-0", r);
   const std::vector<double> busy(8, 0.5);
@@ -47,7 +48,7 @@ TEST(EngineScalingDetectorTest, ComparesWithTheBestSmallerSizeOfTheHistory) {
 
 TEST(EngineScalingDetectorTest, HistoryKeepsAtMostMaxJobNamesForgettingTheStalest) {
   ScalingDetector scaling;
-  ASSERT_TRUE(scaling.LoadHistory("stepwatch-scaling-history v1\nold-a\t4\t2\nold-b\t4\t2\n").ok());
+  ASSERT_OK(scaling.LoadHistory("stepwatch-scaling-history v1\nold-a\t4\t2\nold-b\t4\t2\n"));
   EngineOptions options;
   options.max_scaling_history_jobs = 2;
   DetectorFixture fx({&scaling}, 8, options);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "analysis/engine.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::analysis {
 namespace {
@@ -77,7 +78,7 @@ class SyncJob {
         if (report_sections) {
           for (int k = 0; k < 3; ++k) x.sections.push_back({kNames[k], sec[r][k]});
         }
-        EXPECT_TRUE(engine_->AddStep(x).ok());
+        EXPECT_OK(engine_->AddStep(x));
       }
       if (each) each(step_);
     }
@@ -321,7 +322,7 @@ TEST(StragglerStatisticsTest, SectionNamesBeyondTheLimitAreFoldedAndCounted) {
     for (int k = 4 * r; k < kMaxSectionsPerJob + 4 * r; ++k) {
       x.sections.push_back({"s" + std::to_string(k), 0.001});
     }
-    ASSERT_TRUE(e.AddStep(x).ok());
+    ASSERT_OK(e.AddStep(x));
   }
   const std::optional<JobSnapshot> snap = e.Job("many");
   ASSERT_TRUE(snap.has_value());
