@@ -163,176 +163,10 @@ absl::Duration SecondsFlag(double seconds, const char* name, double min_seconds)
   return absl::Seconds(seconds);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  stepwatch::FlagsSpec spec;
-  spec.program = kProgram;
-  spec.main_file = "agent/main.cc";
-  spec.usage =
-      "stepwatch-agent --collector=HOST:PORT[,HOST:PORT...]|dns:///NAME:PORT --socket=PATH\n"
-      "    [--replicas=N] [--node=NAME] [--interval=SECONDS] [--buffer=N] [--spool-dir=DIR]\n"
-      "    [--nvml-library=PATH] [--metrics-listen=HOST:PORT]\n\n"
-      "Receives step events (one JSON object per datagram) from training processes on a Unix\n"
-      "socket, samples the node's GPUs (NVML) and host, and streams both to the stepwatch\n"
-      "collectors: each job to --replicas of them. Flag names may be written with dashes or\n"
-      "underscores.";
-  stepwatch::ParseFlagsOrExit(argc, argv, spec);
-
-  // Validate values before starting anything.
-  const std::string collector = absl::GetFlag(FLAGS_collector);
-  absl::StatusOr<stepwatch::CollectorTargets> collector_targets =
-      stepwatch::ParseCollectorTargets(collector);
-  if (!collector_targets.ok()) {
-    UsageError(absl::StrCat("--collector must be HOST:PORT[,HOST:PORT...] or dns:///NAME:PORT (",
-                            collector_targets.status().message(), "), got \"", collector, "\""));
-  }
-  const int32_t replicas = absl::GetFlag(FLAGS_replicas);
-  if (replicas < 1 || replicas > 16) {
-    UsageError(absl::StrCat("--replicas must be between 1 and 16, got ", replicas));
-  }
-  const absl::Duration resolve_interval =
-      SecondsFlag(absl::GetFlag(FLAGS_collector_resolve_interval), "collector-resolve-interval", 1);
-  const absl::Duration failover_after =
-      SecondsFlag(absl::GetFlag(FLAGS_failover_after), "failover-after", 0.1);
-  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  if (!metrics_listen.empty() && !stepwatch::ParseHostPort(metrics_listen).ok()) {
-    UsageError(
-        absl::StrCat("--metrics-listen must be HOST:PORT or :PORT, got \"", metrics_listen, "\""));
-  }
-  if (!metrics_listen.empty()) {
-    // Checked before anything starts: a busy port must fail the start, not only log.
-    if (absl::Status st = stepwatch::CheckCanListen(metrics_listen); !st.ok()) {
-      stepwatch::StartupError(
-          spec.program, absl::StrCat("--metrics-listen=", metrics_listen, ": ", st.message()));
-    }
-  }
-  const std::string socket_path = absl::GetFlag(FLAGS_socket);
-  if (socket_path.empty()) UsageError("--socket must not be empty");
-  std::string node = absl::GetFlag(FLAGS_node);
-  if (node.empty()) node = HostName();
-  const absl::Duration interval = SecondsFlag(absl::GetFlag(FLAGS_interval), "interval", 0.01);
-  const absl::Duration max_backoff =
-      SecondsFlag(absl::GetFlag(FLAGS_reconnect_max_backoff), "reconnect-max-backoff", 0.1);
-  const absl::Duration shutdown_timeout =
-      SecondsFlag(absl::GetFlag(FLAGS_shutdown_timeout), "shutdown-timeout", 0);
-  const int64_t buffer = absl::GetFlag(FLAGS_buffer);
-  if (buffer < 1 || buffer > 1000000) UsageError("--buffer must be between 1 and 1000000");
-  const int64_t buffer_bytes = absl::GetFlag(FLAGS_buffer_bytes);
-  if (buffer_bytes < 1) UsageError("--buffer-bytes must be positive");
-  const std::string spool_dir = absl::GetFlag(FLAGS_spool_dir);
-  const int64_t spool_max_mib = absl::GetFlag(FLAGS_spool_max_mib);
-  if (spool_max_mib < 1 || spool_max_mib > (1 << 20)) {
-    UsageError("--spool-max-mib must be between 1 and 1048576");
-  }
-  const int64_t max_pending = absl::GetFlag(FLAGS_max_pending_events);
-  if (max_pending < 1) UsageError("--max-pending-events must be positive");
-  if (absl::GetFlag(FLAGS_metrics_threads) < 1 ||
-      absl::GetFlag(FLAGS_metrics_max_connections) < 1) {
-    UsageError("--metrics-threads and --metrics-max-connections must be positive");
-  }
-  const int64_t rcvbuf = absl::GetFlag(FLAGS_receive_buffer_bytes);
-  if (rcvbuf < 0 || rcvbuf > (1 << 30)) {
-    UsageError("--receive-buffer-bytes must be between 0 and 1 GiB");
-  }
-
-  // Signals are taken synchronously by the main thread; every other thread inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
-
-  using namespace stepwatch;  // NOLINT: main only wires parts together.
-
-  gpu::GpuSourceOptions gpu_options;
-  gpu_options.nvml_library = absl::GetFlag(FLAGS_nvml_library);
-  std::unique_ptr<gpu::GpuSource> gpus = gpu::OpenNvmlGpuSource(gpu_options);
-  v1::NodeInfo node_info;
-  node_info.set_node(node);
-  node_info.set_hostname(HostName());
-  node_info.set_agent_version(stepwatch::kVersion);
-  {
-    v1::NodeInfo described = node_info;
-    gpus->DescribeNode(&described);
-    // The driver's strings reach this log too: bounded and printable first.
-    agent::PeerStringCounts ignored{};
-    agent::BoundPeerStrings(&described, nullptr, &ignored);
-    if (described.nvml_available()) {
-      SW_LOG_INFO << "NVML loaded from " << gpu_options.nvml_library << ": "
-                  << described.gpu_count() << " GPUs, driver " << described.driver_version();
-      // NVIDIA documents 100 ms as the shortest GPM sample interval: GPM readings are refreshed
-      // at most that often and repeat in between.
-      if (interval < absl::Nanoseconds(gpu::kGpmMinIntervalNanos)) {
-        SW_LOG_WARNING << "--interval=" << absl::FormatDuration(interval)
-                       << " is below GPM's 100 ms minimum: GPM metrics are sampled every 100 ms";
-      }
-    } else {
-      SW_LOG_WARNING << "NVML unavailable (" << described.nvml_error()
-                     << "); running without GPU metrics";
-    }
-  }
-  host::HostSamplerOptions host_options;
-  host_options.root = absl::GetFlag(FLAGS_host_root);
-  std::unique_ptr<host::HostSampler> host = host::MakeHostSampler(host_options);
-
-  security::ClientTlsConfig tls;
-  tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
-  tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
-  tls.key_file = absl::GetFlag(FLAGS_tls_key);
-  absl::StatusOr<security::ClientSecurity> client_security =
-      security::MakeClientSecurity(tls, absl::GetFlag(FLAGS_auth_token_file));
-  if (!client_security.ok()) {
-    SW_LOG_ERROR << "cannot set up the connection to the collector: "
-                 << client_security.status().message();
-    return 2;
-  }
-  if (!security::Enabled(tls)) {
-    SW_LOG_WARNING << "shipping to collector " << collector
-                   << " in PLAINTEXT (no --tls-ca): step timings and GPU readings can be read "
-                      "and forged on the network";
-  }
-
-  // One clock for every time reading and wait of the links and the router.
-  const stepwatch::RealClock clock;
-  agent::CollectorLinkOptions link_options;
-  link_options.clock = &clock;
-  link_options.collector = collector;
-  link_options.credentials = client_security->credentials;
-  link_options.token = client_security->token;
-  link_options.tls_flags = {security::Enabled(tls), !tls.cert_file.empty()};
-  link_options.agent_id = agent::MakeAgentId(node, socket_path);
-  link_options.node_info = node_info;
-  link_options.max_buffered_batches = static_cast<size_t>(buffer);
-  link_options.max_buffered_bytes = static_cast<size_t>(buffer_bytes);
-  link_options.max_pending_events = static_cast<size_t>(max_pending);
-  link_options.backoff.max = max_backoff;
-  link_options.backoff.initial = std::min(absl::Milliseconds(100), max_backoff);
-  agent::CollectorRouterOptions router_options;
-  router_options.targets = *collector_targets;
-  router_options.interval = interval;
-  router_options.resolve_interval = resolve_interval;
-  router_options.replicas = replicas;
-  router_options.failover_after = failover_after;
-  router_options.link = link_options;
-  // Links to resolved addresses verify the certificate against the name that was resolved.
-  router_options.link.tls_server_name = collector_targets->dns_name;
-  if (!spool_dir.empty()) {
-    router_options.spool.dir = spool_dir;
-    router_options.link.max_buffered_bytes = static_cast<size_t>(spool_max_mib) << 20;
-  }
-  agent::CollectorRouter router(router_options, gpus.get(), host.get());
-  // Fails on a --spool-dir that cannot be used: that must fail the start, not only log.
-  if (absl::Status st = router.Start(); !st.ok()) {
-    SW_LOG_ERROR << "cannot start shipping"
-                 << (spool_dir.empty() ? std::string()
-                                       : absl::StrCat(" (--spool-dir=", spool_dir, ")"))
-                 << ": " << st;
-    return 1;
-  }
-
-  agent::IngestServerOptions ingest_options;
+// The ingest sockets' options from their flags; a bad value is a usage error.
+stepwatch::agent::IngestServerOptions IngestOptionsFromFlags(const std::string& socket_path,
+                                                             int64_t rcvbuf) {
+  stepwatch::agent::IngestServerOptions ingest_options;
   ingest_options.socket_path = socket_path;
   {
     const std::string mode = absl::GetFlag(FLAGS_socket_mode);
@@ -359,7 +193,7 @@ int main(int argc, char** argv) {
     const std::string seqpacket = absl::GetFlag(FLAGS_seqpacket_socket);
     if (seqpacket != "none") {
       ingest_options.seqpacket_path =
-          seqpacket.empty() ? agent::SeqpacketPathFor(socket_path) : seqpacket;
+          seqpacket.empty() ? stepwatch::agent::SeqpacketPathFor(socket_path) : seqpacket;
     }
     const int64_t max_connections = absl::GetFlag(FLAGS_max_connections);
     if (max_connections < 1 || max_connections > 65536) {
@@ -378,6 +212,251 @@ int main(int argc, char** argv) {
     ingest_options.owners.max_per_process = static_cast<size_t>(per_process);
     ingest_options.owners.max_per_user = static_cast<size_t>(per_user);
   }
+  return ingest_options;
+}
+
+// The node as every batch describes it; logs what NVML reports.
+stepwatch::v1::NodeInfo DescribeNodeAtStart(stepwatch::gpu::GpuSource* gpus,
+                                            const std::string& node,
+                                            const std::string& nvml_library,
+                                            absl::Duration interval) {
+  stepwatch::v1::NodeInfo node_info;
+  node_info.set_node(node);
+  node_info.set_hostname(HostName());
+  node_info.set_agent_version(stepwatch::kVersion);
+  {
+    stepwatch::v1::NodeInfo described = node_info;
+    gpus->DescribeNode(&described);
+    // The driver's strings reach this log too: bounded and printable first.
+    stepwatch::agent::PeerStringCounts ignored{};
+    stepwatch::agent::BoundPeerStrings(&described, nullptr, &ignored);
+    if (described.nvml_available()) {
+      SW_LOG_INFO << "NVML loaded from " << nvml_library << ": " << described.gpu_count()
+                  << " GPUs, driver " << described.driver_version();
+      // NVIDIA documents 100 ms as the shortest GPM sample interval: GPM readings are refreshed
+      // at most that often and repeat in between.
+      if (interval < absl::Nanoseconds(stepwatch::gpu::kGpmMinIntervalNanos)) {
+        SW_LOG_WARNING << "--interval=" << absl::FormatDuration(interval)
+                       << " is below GPM's 100 ms minimum: GPM metrics are sampled every 100 ms";
+      }
+    } else {
+      SW_LOG_WARNING << "NVML unavailable (" << described.nvml_error()
+                     << "); running without GPU metrics";
+    }
+  }
+  return node_info;
+}
+
+// Serves the agent's /metrics; `ingest` and `router` must outlive the server.
+absl::StatusOr<std::unique_ptr<stepwatch::agent::MetricsServer>> StartMetrics(
+    const std::string& metrics_listen, const std::string& node, int64_t buffer,
+    stepwatch::agent::IngestServer* ingest, stepwatch::agent::CollectorRouter* router,
+    std::shared_ptr<stepwatch::security::CheckedKeyCertPair> identity) {
+  stepwatch::agent::AgentMetricsSources sources;
+  sources.node = node;
+  sources.buffer_capacity_batches = static_cast<uint64_t>(buffer);
+  sources.ingest = [ingest] { return ingest->stats(); };
+  sources.collectors = [router] { return router->stats(); };
+  sources.samples = [router] { return router->LatestSamples(); };
+  if (identity != nullptr) sources.tls = [identity] { return identity->stats(); };
+  stepwatch::http::MetricsEndpointOptions endpoint;
+  endpoint.listen = metrics_listen;
+  endpoint.basic_auth_file = absl::GetFlag(FLAGS_metrics_basic_auth_file);
+  endpoint.threads = absl::GetFlag(FLAGS_metrics_threads);
+  endpoint.max_connections = absl::GetFlag(FLAGS_metrics_max_connections);
+  return stepwatch::agent::MetricsServer::Start(
+      endpoint, std::make_shared<stepwatch::agent::AgentCollectable>(std::move(sources)));
+}
+
+// The flags' values, checked before anything starts: a bad one is a usage error.
+struct AgentSettings {
+  std::string collector;
+  stepwatch::CollectorTargets collector_targets;
+  int32_t replicas = 0;
+  absl::Duration resolve_interval, failover_after, interval, max_backoff, shutdown_timeout;
+  std::string metrics_listen, socket_path, node, spool_dir;
+  int64_t buffer = 0, buffer_bytes = 0, spool_max_mib = 0, max_pending = 0, rcvbuf = 0;
+};
+
+AgentSettings ValidatedSettings(const char* program) {
+  AgentSettings f;
+  f.collector = absl::GetFlag(FLAGS_collector);
+  absl::StatusOr<stepwatch::CollectorTargets> collector_targets =
+      stepwatch::ParseCollectorTargets(f.collector);
+  if (!collector_targets.ok()) {
+    UsageError(absl::StrCat("--collector must be HOST:PORT[,HOST:PORT...] or dns:///NAME:PORT (",
+                            collector_targets.status().message(), "), got \"", f.collector, "\""));
+  }
+  f.collector_targets = *std::move(collector_targets);
+  f.replicas = absl::GetFlag(FLAGS_replicas);
+  if (f.replicas < 1 || f.replicas > 16) {
+    UsageError(absl::StrCat("--replicas must be between 1 and 16, got ", f.replicas));
+  }
+  f.resolve_interval =
+      SecondsFlag(absl::GetFlag(FLAGS_collector_resolve_interval), "collector-resolve-interval", 1);
+  f.failover_after = SecondsFlag(absl::GetFlag(FLAGS_failover_after), "failover-after", 0.1);
+  f.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (!f.metrics_listen.empty() && !stepwatch::ParseHostPort(f.metrics_listen).ok()) {
+    UsageError(absl::StrCat("--metrics-listen must be HOST:PORT or :PORT, got \"", f.metrics_listen,
+                            "\""));
+  }
+  if (!f.metrics_listen.empty()) {
+    // Checked before anything starts: a busy port must fail the start, not only log.
+    if (absl::Status st = stepwatch::CheckCanListen(f.metrics_listen); !st.ok()) {
+      stepwatch::StartupError(
+          program, absl::StrCat("--metrics-listen=", f.metrics_listen, ": ", st.message()));
+    }
+  }
+  f.socket_path = absl::GetFlag(FLAGS_socket);
+  if (f.socket_path.empty()) UsageError("--socket must not be empty");
+  f.node = absl::GetFlag(FLAGS_node);
+  if (f.node.empty()) f.node = HostName();
+  f.interval = SecondsFlag(absl::GetFlag(FLAGS_interval), "interval", 0.01);
+  f.max_backoff =
+      SecondsFlag(absl::GetFlag(FLAGS_reconnect_max_backoff), "reconnect-max-backoff", 0.1);
+  f.shutdown_timeout = SecondsFlag(absl::GetFlag(FLAGS_shutdown_timeout), "shutdown-timeout", 0);
+  f.buffer = absl::GetFlag(FLAGS_buffer);
+  if (f.buffer < 1 || f.buffer > 1000000) UsageError("--buffer must be between 1 and 1000000");
+  f.buffer_bytes = absl::GetFlag(FLAGS_buffer_bytes);
+  if (f.buffer_bytes < 1) UsageError("--buffer-bytes must be positive");
+  f.spool_dir = absl::GetFlag(FLAGS_spool_dir);
+  f.spool_max_mib = absl::GetFlag(FLAGS_spool_max_mib);
+  if (f.spool_max_mib < 1 || f.spool_max_mib > (1 << 20)) {
+    UsageError("--spool-max-mib must be between 1 and 1048576");
+  }
+  f.max_pending = absl::GetFlag(FLAGS_max_pending_events);
+  if (f.max_pending < 1) UsageError("--max-pending-events must be positive");
+  if (absl::GetFlag(FLAGS_metrics_threads) < 1 ||
+      absl::GetFlag(FLAGS_metrics_max_connections) < 1) {
+    UsageError("--metrics-threads and --metrics-max-connections must be positive");
+  }
+  f.rcvbuf = absl::GetFlag(FLAGS_receive_buffer_bytes);
+  if (f.rcvbuf < 0 || f.rcvbuf > (1 << 30)) {
+    UsageError("--receive-buffer-bytes must be between 0 and 1 GiB");
+  }
+  return f;
+}
+
+// The router's and its links' options.
+stepwatch::agent::CollectorRouterOptions RouterOptionsFor(
+    const AgentSettings& f, const stepwatch::security::ClientSecurity& security,
+    const stepwatch::security::ClientTlsConfig& tls, const stepwatch::v1::NodeInfo& node_info,
+    const stepwatch::Clock* clock) {
+  stepwatch::agent::CollectorLinkOptions link_options;
+  link_options.clock = clock;
+  link_options.collector = f.collector;
+  link_options.credentials = security.credentials;
+  link_options.token = security.token;
+  link_options.tls_flags = {stepwatch::security::Enabled(tls), !tls.cert_file.empty()};
+  link_options.agent_id = stepwatch::agent::MakeAgentId(f.node, f.socket_path);
+  link_options.node_info = node_info;
+  link_options.max_buffered_batches = static_cast<size_t>(f.buffer);
+  link_options.max_buffered_bytes = static_cast<size_t>(f.buffer_bytes);
+  link_options.max_pending_events = static_cast<size_t>(f.max_pending);
+  link_options.backoff.max = f.max_backoff;
+  link_options.backoff.initial = std::min(absl::Milliseconds(100), f.max_backoff);
+  stepwatch::agent::CollectorRouterOptions router_options;
+  router_options.targets = f.collector_targets;
+  router_options.interval = f.interval;
+  router_options.resolve_interval = f.resolve_interval;
+  router_options.replicas = f.replicas;
+  router_options.failover_after = f.failover_after;
+  router_options.link = link_options;
+  // Links to resolved addresses verify the certificate against the name that was resolved.
+  router_options.link.tls_server_name = f.collector_targets.dns_name;
+  if (!f.spool_dir.empty()) {
+    router_options.spool.dir = f.spool_dir;
+    router_options.link.max_buffered_bytes = static_cast<size_t>(f.spool_max_mib) << 20;
+  }
+  return router_options;
+}
+
+void ParseFlags(int argc, char** argv) {
+  stepwatch::FlagsSpec spec;
+  spec.program = kProgram;
+  spec.main_file = "agent/main.cc";
+  spec.usage =
+      "stepwatch-agent --collector=HOST:PORT[,HOST:PORT...]|dns:///NAME:PORT --socket=PATH\n"
+      "    [--replicas=N] [--node=NAME] [--interval=SECONDS] [--buffer=N] [--spool-dir=DIR]\n"
+      "    [--nvml-library=PATH] [--metrics-listen=HOST:PORT]\n\n"
+      "Receives step events (one JSON object per datagram) from training processes on a Unix\n"
+      "socket, samples the node's GPUs (NVML) and host, and streams both to the stepwatch\n"
+      "collectors: each job to --replicas of them. Flag names may be written with dashes or\n"
+      "underscores.";
+  stepwatch::ParseFlagsOrExit(argc, argv, spec);
+}
+
+sigset_t BlockSignals() {
+  // Signals are taken synchronously by the main thread; every other thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  return signals;
+}
+
+// What the links need to talk to the collectors (`tls` is filled in from the flags).
+absl::StatusOr<stepwatch::security::ClientSecurity> ClientSecurityFromFlags(
+    const AgentSettings& f, stepwatch::security::ClientTlsConfig* tls) {
+  tls->ca_file = absl::GetFlag(FLAGS_tls_ca);
+  tls->cert_file = absl::GetFlag(FLAGS_tls_cert);
+  tls->key_file = absl::GetFlag(FLAGS_tls_key);
+  absl::StatusOr<stepwatch::security::ClientSecurity> client_security =
+      stepwatch::security::MakeClientSecurity(*tls, absl::GetFlag(FLAGS_auth_token_file));
+  if (!client_security.ok()) return client_security.status();
+  if (!stepwatch::security::Enabled(*tls)) {
+    SW_LOG_WARNING << "shipping to collector " << f.collector
+                   << " in PLAINTEXT (no --tls-ca): step timings and GPU readings can be read "
+                      "and forged on the network";
+  }
+  return client_security;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ParseFlags(argc, argv);
+
+  const AgentSettings f = ValidatedSettings(kProgram);
+
+  const sigset_t signals = BlockSignals();
+
+  using namespace stepwatch;  // NOLINT: main only wires parts together.
+
+  gpu::GpuSourceOptions gpu_options;
+  gpu_options.nvml_library = absl::GetFlag(FLAGS_nvml_library);
+  std::unique_ptr<gpu::GpuSource> gpus = gpu::OpenNvmlGpuSource(gpu_options);
+  const v1::NodeInfo node_info =
+      DescribeNodeAtStart(gpus.get(), f.node, gpu_options.nvml_library, f.interval);
+  host::HostSamplerOptions host_options;
+  host_options.root = absl::GetFlag(FLAGS_host_root);
+  std::unique_ptr<host::HostSampler> host = host::MakeHostSampler(host_options);
+
+  security::ClientTlsConfig tls;
+  absl::StatusOr<security::ClientSecurity> client_security = ClientSecurityFromFlags(f, &tls);
+  if (!client_security.ok()) {
+    SW_LOG_ERROR << "cannot set up the connection to the collector: "
+                 << client_security.status().message();
+    return 2;
+  }
+
+  // One clock for every time reading and wait of the links and the router.
+  const stepwatch::RealClock clock;
+  const agent::CollectorRouterOptions router_options =
+      RouterOptionsFor(f, *client_security, tls, node_info, &clock);
+  agent::CollectorRouter router(router_options, gpus.get(), host.get());
+  // Fails on a --spool-dir that cannot be used: that must fail the start, not only log.
+  if (absl::Status st = router.Start(); !st.ok()) {
+    SW_LOG_ERROR << "cannot start shipping"
+                 << (f.spool_dir.empty() ? std::string()
+                                         : absl::StrCat(" (--spool-dir=", f.spool_dir, ")"))
+                 << ": " << st;
+    return 1;
+  }
+
+  const agent::IngestServerOptions ingest_options = IngestOptionsFromFlags(f.socket_path, f.rcvbuf);
   absl::StatusOr<std::unique_ptr<agent::IngestServer>> ingest = agent::IngestServer::Start(
       ingest_options, [&router](v1::StepEvent&& event) { router.AddStep(std::move(event)); });
   if (!ingest.ok()) {
@@ -387,25 +466,9 @@ int main(int argc, char** argv) {
   }
 
   std::unique_ptr<agent::MetricsServer> metrics;
-  if (!metrics_listen.empty()) {
-    agent::AgentMetricsSources sources;
-    sources.node = node;
-    sources.buffer_capacity_batches = static_cast<uint64_t>(buffer);
-    agent::IngestServer* ingest_ptr = ingest->get();
-    sources.ingest = [ingest_ptr] { return ingest_ptr->stats(); };
-    sources.collectors = [&router] { return router.stats(); };
-    sources.samples = [&router] { return router.LatestSamples(); };
-    if (client_security->identity != nullptr) {
-      std::shared_ptr<security::CheckedKeyCertPair> identity = client_security->identity;
-      sources.tls = [identity] { return identity->stats(); };
-    }
-    http::MetricsEndpointOptions endpoint;
-    endpoint.listen = metrics_listen;
-    endpoint.basic_auth_file = absl::GetFlag(FLAGS_metrics_basic_auth_file);
-    endpoint.threads = absl::GetFlag(FLAGS_metrics_threads);
-    endpoint.max_connections = absl::GetFlag(FLAGS_metrics_max_connections);
-    absl::StatusOr<std::unique_ptr<agent::MetricsServer>> m = agent::MetricsServer::Start(
-        endpoint, std::make_shared<agent::AgentCollectable>(std::move(sources)));
+  if (!f.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<agent::MetricsServer>> m = StartMetrics(
+        f.metrics_listen, f.node, f.buffer, ingest->get(), &router, client_security->identity);
     if (!m.ok()) {
       SW_LOG_ERROR << m.status();
       (*ingest)->Stop();
@@ -413,17 +476,17 @@ int main(int argc, char** argv) {
       return 1;
     }
     metrics = *std::move(m);
-    SW_LOG_INFO << "serving metrics on " << metrics_listen << " (port " << metrics->port() << ")";
+    SW_LOG_INFO << "serving metrics on " << f.metrics_listen << " (port " << metrics->port() << ")";
   }
 
-  SW_LOG_INFO << "stepwatch-agent ready: node " << node << ", listening on " << socket_path
+  SW_LOG_INFO << "stepwatch-agent ready: node " << f.node << ", listening on " << f.socket_path
               << ((*ingest)->seqpacket_path().empty()
                       ? std::string()
                       : absl::StrCat(" and ", (*ingest)->seqpacket_path()))
               << " (receive buffer " << (*ingest)->receive_buffer_bytes() << " bytes), shipping to "
-              << collector << " (" << router.collectors().size() << " collectors now, " << replicas
-              << " per job) every " << absl::FormatDuration(interval) << " (agent_id "
-              << link_options.agent_id << ")";
+              << f.collector << " (" << router.collectors().size() << " collectors now, "
+              << f.replicas << " per job) every " << absl::FormatDuration(f.interval)
+              << " (agent_id " << router_options.link.agent_id << ")";
 
   int sig = 0;
   while (sigwait(&signals, &sig) != 0) {
@@ -431,7 +494,7 @@ int main(int argc, char** argv) {
   SW_LOG_INFO << "received " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down";
   // Stop taking events first, then flush what was taken.
   (*ingest)->Stop();
-  router.Stop(shutdown_timeout);
+  router.Stop(f.shutdown_timeout);
   metrics.reset();
   const agent::CollectorLinkStats s = router.stats().total;
   SW_LOG_INFO << "stopped: " << s.events_shipped_total << " events shipped, "

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/check.h"
 
 namespace stepwatch::json {
 
@@ -43,8 +44,15 @@ class Value {
   bool is_integer() const { return is_integer_; }
   int64_t as_int64() const { return integer_; }
   const std::string& as_string() const { return string_; }
-  const Array& as_array() const { return *array_; }
-  const Object& as_object() const { return *object_; }
+  // Only on an array (an object): callers check the type first, so a mismatch is a bug here.
+  const Array& as_array() const {
+    SW_CHECK(array_ != nullptr) << "as_array() on a " << TypeName(type_);
+    return *array_;
+  }
+  const Object& as_object() const {
+    SW_CHECK(object_ != nullptr) << "as_object() on a " << TypeName(type_);
+    return *object_;
+  }
 
   // Object member lookup; nullptr when absent or when this is not an object.
   const Value* Find(absl::string_view key) const;

@@ -114,7 +114,10 @@ class MetricsEndpoint::Impl {
   absl::Status Start(int* port) {
     if (!options_.basic_auth_file.empty()) {
       users_ = std::make_unique<BasicAuthUsers>(options_.basic_auth_file);
-      if (absl::Status s = users_->Load(); !s.ok()) return s;
+      // Both binaries set basic_auth_file from this flag: name it, not just the path.
+      if (absl::Status s = users_->Load(); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("--metrics-basic-auth-file: ", s.message()));
+      }
       const int threads = std::max(1, options_.threads);
       auth_pool_ = std::make_unique<WorkerPool>(threads, kAuthQueuePerThread * threads);
     }

@@ -47,6 +47,16 @@ class FlagTest(unittest.TestCase):
                 self.assertEqual(result.returncode, 2, result.stderr)
                 self.assertIn(needle, result.stderr)
 
+    def test_unreadable_basic_auth_file_names_its_flag(self):
+        with tempfile.TemporaryDirectory(prefix="stepwatch-agent-auth-") as tmp:
+            missing = os.path.join(tmp, "no-such-dir", "htpasswd")
+            result = run_agent(f"--socket={os.path.join(tmp, 'agent.sock')}",
+                               "--metrics-listen=127.0.0.1:0", "--nvml-library=/nonexistent.so",
+                               f"--collector={unused_collector()}",
+                               f"--metrics-basic-auth-file={missing}")
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertIn(f"--metrics-basic-auth-file: cannot open {missing}", result.stderr)
+
     def test_help_explains_every_flag(self):
         result = run_agent("--help")
         text = result.stdout + result.stderr

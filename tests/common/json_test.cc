@@ -101,5 +101,12 @@ TEST(JsonTest, QuoteRoundTrips) {
   EXPECT_EQ(v->as_string(), original);
 }
 
+// Callers check the type before taking the members: a mismatch is a bug, not bad input.
+TEST(JsonDeathTest, MembersOfTheWrongTypeAbort) {
+  EXPECT_DEATH(Value::Null().as_array(),
+               "Check failed: array_ != nullptr: as_array\\(\\) on a null");
+  EXPECT_DEATH(Value::String("x").as_object(), "as_object\\(\\) on a string");
+}
+
 }  // namespace
 }  // namespace stepwatch::json

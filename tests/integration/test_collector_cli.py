@@ -231,6 +231,14 @@ class CollectorCliTest(unittest.TestCase):
         self.assertTrue(os.path.exists(os.path.join(c.state_dir, "scaling_history")), c.log())
         self.assertIn("stopped", c.log())
 
+    def test_unreadable_basic_auth_file_names_its_flag(self):
+        missing = os.path.join(self.tmpdir, "no-such-dir", "htpasswd")
+        result = run("stepwatch-collector", "--grpc-listen=127.0.0.1:0",
+                     "--metrics-listen=127.0.0.1:0", f"--metrics-basic-auth-file={missing}")
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertIn(f"--metrics-basic-auth-file: cannot open {missing}", result.stderr)
+        self.assertNotIn("ready", result.stderr)
+
     def test_bad_flags_are_rejected(self):
         for flag in ("--expire=-1", "--grpc-listen=nonsense", "--max-jobs=0",
                      "--export-node-metrics=some"):
