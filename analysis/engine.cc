@@ -13,6 +13,7 @@
 #include "analysis/detectors/scaling.h"
 #include "analysis/finding_render.h"
 #include "analysis/registry.h"
+#include "analysis/ring.h"
 #include "analysis/stats.h"
 #include "analysis/timing.h"
 #include "analysis/window.h"

@@ -25,7 +25,9 @@
 #include "ctl/report_format.h"
 #include "grpcpp/grpcpp.h"
 #include "security/client_security.h"
+#include "security/tls_credentials.h"
 #include "security/tls_errors.h"
+#include "security/tokens.h"
 #include "stepwatch/v1/stepwatch.grpc.pb.h"
 
 ABSL_FLAG(std::string, tls_ca, "",

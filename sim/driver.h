@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "analysis/engine.h"
 #include "sim/scenario.h"
 
 namespace stepwatch::sim {

@@ -5,7 +5,9 @@
 
 #include "analysis/causes.h"
 #include "analysis/finding.h"
+#include "analysis/ring.h"
 #include "analysis/stats.h"
+#include "analysis/window.h"
 
 namespace stepwatch::analysis {
 

@@ -8,6 +8,7 @@
 #include "analysis/causes.h"
 #include "analysis/finding.h"
 #include "analysis/stats.h"
+#include "analysis/window.h"
 
 namespace stepwatch::analysis {
 

@@ -6,6 +6,7 @@
 #include "analysis/causes.h"
 #include "analysis/finding.h"
 #include "analysis/stats.h"
+#include "analysis/window.h"
 
 namespace stepwatch::analysis {
 namespace {

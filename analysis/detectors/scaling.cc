@@ -11,7 +11,9 @@
 #include "absl/strings/str_split.h"
 #include "analysis/causes.h"
 #include "analysis/finding.h"
+#include "analysis/ring.h"
 #include "analysis/stats.h"
+#include "analysis/window.h"
 
 namespace stepwatch::analysis {
 namespace {

@@ -12,6 +12,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "analysis/detector.h"
+#include "analysis/engine.h"
+#include "analysis/registry.h"
 
 namespace stepwatch::analysis {
 

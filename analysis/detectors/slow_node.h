@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "analysis/detector.h"
+#include "analysis/engine.h"
+#include "analysis/registry.h"
 
 namespace stepwatch::analysis {
 

@@ -4,7 +4,9 @@
 #include <string>
 
 #include "analysis/finding.h"
+#include "analysis/ring.h"
 #include "analysis/stats.h"
+#include "analysis/window.h"
 
 namespace stepwatch::analysis {
 

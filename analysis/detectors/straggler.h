@@ -26,7 +26,10 @@
 #include <vector>
 
 #include "analysis/detector.h"
+#include "analysis/engine.h"
+#include "analysis/registry.h"
 #include "analysis/ring.h"
+#include "analysis/window.h"
 
 namespace stepwatch::analysis {
 
