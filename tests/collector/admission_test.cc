@@ -376,9 +376,10 @@ TEST(AdmissionTest, NewCountersOnMetrics) {
       if (f.name != name) continue;
       for (const auto& m : f.metric) {
         bool all = true;
-        for (const auto& [k, v] : labels) {
-          all = all && std::any_of(m.label.begin(), m.label.end(),
-                                   [&](const auto& l) { return l.name == k && l.value == v; });
+        for (const auto& wanted : labels) {
+          all = all && std::any_of(m.label.begin(), m.label.end(), [&](const auto& l) {
+                  return l.name == wanted.first && l.value == wanted.second;
+                });
         }
         if (all) return m.counter.value;
       }
