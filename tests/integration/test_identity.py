@@ -16,7 +16,8 @@ import textwrap
 import time
 import unittest
 
-from harness import Agent, Collector, build_path, metric_value, step_event, wait_until
+from harness import (Agent, Collector, assert_rss_at_most, build_path, metric_value, step_event,
+                     wait_until)
 from test_security import Pki, _openssl
 
 # Sends steps of (job, rank) pairs from its own process, then exits: its agent reports the exits.
@@ -241,7 +242,7 @@ class IdentityTest(unittest.TestCase):
             # What is kept is small and accounted: four probe nodes, no GPU.
             accounted = metric_value(samples, "stepwatch_collector_memory_accounted_bytes")
             self.assertLess(accounted, 64 << 10)
-            self.assertLess(peak, 160 * 1024, f"peak RSS {peak} KiB")
+            assert_rss_at_most(self, peak, 160 * 1024, f"peak RSS {peak} KiB")
             self.assertNotIn("b" * 1000, c.log())
 
     def test_one_node_cannot_take_every_job_slot(self):
