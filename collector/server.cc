@@ -244,16 +244,22 @@ absl::Status CollectorServer::Init() {
 void CollectorServer::TickerLoop() {
   const absl::Duration tick = absl::Nanoseconds(options_.tick_nanos);
   const absl::Duration save_interval = absl::Nanoseconds(options_.save_interval_nanos);
-  absl::Time next_tick = clock_->TimeNow() + tick;
-  absl::Time next_save = clock_->TimeNow() + save_interval;
-  absl::Time next_trim = clock_->TimeNow() + kTrimInterval;
+  // Scheduled on the monotonic clock: a wall clock stepped back must not hold ticks (and with
+  // them publication, expiry and saves) until it catches up.
+  const absl::Duration start = clock_->MonotonicNow();
+  absl::Duration next_tick = start + tick;
+  absl::Duration next_save = start + save_interval;
+  absl::Duration next_trim = start + kTrimInterval;
   while (true) {
     {
       absl::MutexLock lock(&ticker_mu_);
-      if (clock_->AwaitWithDeadline(&ticker_mu_, absl::Condition(&stopping_), next_tick)) return;
+      if (clock_->AwaitFor(&ticker_mu_, absl::Condition(&stopping_),
+                           next_tick - clock_->MonotonicNow())) {
+        return;
+      }
     }
     state_->Tick();
-    const absl::Time now = clock_->TimeNow();
+    const absl::Duration now = clock_->MonotonicNow();
     // A tick is a fixed delay after the previous one ends, so a slow tick never piles up ticks.
     next_tick = now + tick;
     if (now >= next_save) {

@@ -348,6 +348,18 @@ TEST_F(ServerTest, TickerSavesTheStateOnTheClocksSchedule) {
   EXPECT_TRUE(WaitFor([&] { return ReadFile(path).ok(); }));
 }
 
+TEST_F(ServerTest, TickerKeepsItsScheduleWhenTheWallClockStepsBack) {
+  const std::string path = state_dir_ + "/scaling_history";
+  const absl::Duration start = clock_.MonotonicNow();
+  ASSERT_TRUE(WaitFor([&] { return clock_.next_deadline() != absl::InfiniteFuture(); }));
+  // NTP or an operator sets the wall clock back an hour: ticks and the save, due 60 s after the
+  // start on the monotonic clock, must not wait for the wall clock to catch up.
+  clock_.StepWallTime(absl::Hours(-1));
+  clock_.AdvanceTime(absl::Seconds(60));
+  EXPECT_EQ(clock_.MonotonicNow() - start, absl::Seconds(60));
+  EXPECT_TRUE(WaitFor([&] { return ReadFile(path).ok(); }));
+}
+
 TEST_F(ServerTest, BusyPortIsAClearError) {
   CollectorServerOptions o;
   o.grpc_listen = absl::StrCat("127.0.0.1:", server_->grpc_port());
