@@ -311,8 +311,11 @@ class StateDiskTest(unittest.TestCase):
         wait_until(lambda: metric_value(collector.scrape(), "stepwatch_straggler", rank="2") == 1,
                    timeout=60, message="the straggler flagged before the kill")
         flagged_at = last_step()
+        flagged_time = time.time()
         # Saved at least once since: the finding is in the running report on disk.
-        time.sleep(SAVE_INTERVAL + 0.5)
+        running = os.path.join(collector.state_dir, "reports", "running", f"{job}.json")
+        wait_until(lambda: os.path.exists(running) and os.path.getmtime(running) > flagged_time,
+                   timeout=30, message="the running report saved after the flag")
         killed_at = last_step()
         collector.kill()
         time.sleep(1.0)
