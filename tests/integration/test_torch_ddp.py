@@ -87,11 +87,15 @@ def flagged_ranks(collector, job):
 
 
 def straggler_findings(collector, job):
-    """Ranks of `job`'s active straggler findings; none while the collector does not know the job
-    (before its first step arrives, or after all its ranks exited)."""
+    """Ranks of `job`'s straggler findings: the active ones while it runs, those its report kept
+    once all its ranks exited; none before the collector saw its first step."""
     result = ctl(collector.grpc_addr, "findings", job, "--json")
     if result.returncode == 1 and ('no job named "%s"' % job) in result.stderr:
         return []
+    if result.returncode == 1 and ('job "%s" has ended' % job) in result.stderr:
+        report = ctl_json(collector.grpc_addr, "report", job)
+        return sorted(int(f["rank"]) for f in report.get("findings", [])
+                      if f.get("kind") == "straggler")
     if result.returncode != 0:
         raise AssertionError("stepwatchctl findings %s failed: %s" % (job, result.stderr))
     findings = json.loads(result.stdout).get("findings", [])
