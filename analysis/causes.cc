@@ -61,25 +61,25 @@ bool AtFullSpeed(const GpuSample& x, const EngineOptions& opt) {
   return clocks_known && GpuSlowdowns(x, opt, nullptr).empty();
 }
 
-std::optional<double> SaturatedHostCpu(const std::map<std::string, HostSample>& hosts,
-                                       const std::string& node, const EngineOptions& opt,
-                                       double* median_out) {
+std::optional<double> SaturatedHostCpu(const HostMap& hosts, const std::string& node,
+                                       const EngineOptions& opt, double* median_out) {
   auto hit = hosts.find(node);
-  if (hit == hosts.end() || !hit->second.cpu_utilization_ratio ||
-      *hit->second.cpu_utilization_ratio < opt.host_cpu_saturated) {
+  if (hit == hosts.end() || !hit->second.last.cpu_utilization_ratio ||
+      *hit->second.last.cpu_utilization_ratio < opt.host_cpu_saturated) {
     return std::nullopt;
   }
   std::vector<double> all;
   for (const auto& [name, host] : hosts) {
-    if (host.cpu_utilization_ratio) all.push_back(*host.cpu_utilization_ratio);
+    if (host.last.cpu_utilization_ratio) all.push_back(*host.last.cpu_utilization_ratio);
   }
   std::nth_element(all.begin(), all.begin() + all.size() / 2, all.end());
   const double median = all[all.size() / 2];
-  if (all.size() > 1 && *hit->second.cpu_utilization_ratio - median < opt.host_cpu_above_median) {
+  if (all.size() > 1 &&
+      *hit->second.last.cpu_utilization_ratio - median < opt.host_cpu_above_median) {
     return std::nullopt;
   }
   if (median_out != nullptr) *median_out = median;
-  return *hit->second.cpu_utilization_ratio;
+  return *hit->second.last.cpu_utilization_ratio;
 }
 
 void SetGpuBusy(const GpuInfo& g, DeviceEvidence* dev) {
@@ -91,14 +91,18 @@ void SetGpuBusy(const GpuInfo& g, DeviceEvidence* dev) {
   }
 }
 
-std::vector<Cause> DeviceCauses(const GpuInfo* g, const std::map<std::string, HostSample>& hosts,
-                                const std::string& node, const EngineOptions& opt,
-                                DeviceEvidence* dev) {
+std::vector<Cause> DeviceCauses(const GpuInfo* g, const HostMap& hosts, const std::string& node,
+                                const EngineOptions& opt, DeviceEvidence* dev) {
   std::vector<Cause> causes;
   dev->node = node;
+  // Hardware faults first: they say why the clocks or the work look as they do.
+  if (g != nullptr) AddHealthFaults(g->health.faults(), &causes, dev);
+  if (auto host = hosts.find(node); host != hosts.end()) {
+    AddHealthFaults(host->second.nics.faults(), &causes, dev);
+  }
   if (g != nullptr) {
     dev->gpu = g->last.index;
-    causes = GpuSlowdowns(g->last, opt, dev);
+    for (Cause c : GpuSlowdowns(g->last, opt, dev)) AddCause(c, &causes);
     if (g->has_value && g->value < opt.underutil_threshold) SetGpuBusy(*g, dev);
   }
   double median = 0;
@@ -115,7 +119,40 @@ bool FullSpeedAndBusy(const GpuInfo* g, const EngineOptions& opt) {
          g->value >= opt.underutil_threshold;
 }
 
+bool IsHealthCause(Cause c) {
+  switch (c) {
+    case Cause::kXid:
+    case Cause::kEccUncorrected:
+    case Cause::kRowRemapPending:
+    case Cause::kRowRemapFailure:
+    case Cause::kNvlinkDown:
+    case Cause::kNvlinkErrors:
+    case Cause::kPcieDowngraded:
+    case Cause::kPcieReplays:
+    case Cause::kNicDown:
+    case Cause::kNicDegraded:
+    case Cause::kNicErrors:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void AddHealthFaults(const std::vector<HealthFault>& faults, std::vector<Cause>* causes,
+                     DeviceEvidence* dev) {
+  for (const HealthFault& f : faults) {
+    if (f.severity == Severity::kInfo) continue;
+    AddCause(f.cause, causes);
+    dev->health.push_back(f.evidence);
+  }
+}
+
+void HealthFirst(std::vector<Cause>* causes) {
+  std::stable_partition(causes->begin(), causes->end(), IsHealthCause);
+}
+
 bool IsDeviceCause(Cause c) {
+  if (IsHealthCause(c)) return true;
   switch (c) {
     case Cause::kThermalThrottling:
     case Cause::kPowerThrottling:

@@ -24,15 +24,14 @@ bool AtFullSpeed(const GpuSample& x, const EngineOptions& opt);
 // The node's host CPU utilization when it is saturated and clearly busier than the median host:
 // a busy CPU on every node (or several nodes sharing one host) explains no single slow rank.
 // `median` (may be null) receives the median host's utilization.
-std::optional<double> SaturatedHostCpu(const std::map<std::string, HostSample>& hosts,
-                                       const std::string& node, const EngineOptions& opt,
-                                       double* median = nullptr);
+std::optional<double> SaturatedHostCpu(const HostMap& hosts, const std::string& node,
+                                       const EngineOptions& opt, double* median = nullptr);
 
-// Causes read from a GPU's and its host's last readings: clocks, throttling, power, host CPU; a
-// low GPU utilization is evidence (set on `dev`) without a cause of its own. `g` may be null.
-std::vector<Cause> DeviceCauses(const GpuInfo* g, const std::map<std::string, HostSample>& hosts,
-                                const std::string& node, const EngineOptions& opt,
-                                DeviceEvidence* dev);
+// Causes read from a GPU's and its host's last readings: hardware faults of the GPU and the
+// node's network ports first, then clocks, throttling, power, host CPU; a low GPU utilization is
+// evidence (set on `dev`) without a cause of its own. `g` may be null.
+std::vector<Cause> DeviceCauses(const GpuInfo* g, const HostMap& hosts, const std::string& node,
+                                const EngineOptions& opt, DeviceEvidence* dev);
 
 // Sets the GPU's busy figure on `dev`: SM activity where the reading has it, else utilization.
 void SetGpuBusy(const GpuInfo& g, DeviceEvidence* dev);
@@ -46,5 +45,14 @@ bool IsDeviceCause(Cause c);
 
 // Appends `c` unless present.
 void AddCause(Cause c, std::vector<Cause>* causes);
+
+// Whether `c` is a hardware fault of a GPU or a network port (HealthFault::cause).
+bool IsHealthCause(Cause c);
+// Adds the hardware faults (not an application's Xid, severity info) to `causes`, with their
+// evidence on `dev`.
+void AddHealthFaults(const std::vector<HealthFault>& faults, std::vector<Cause>* causes,
+                     DeviceEvidence* dev);
+// Moves the hardware faults to the front (the primary cause), keeping the order otherwise.
+void HealthFirst(std::vector<Cause>* causes);
 
 }  // namespace stepwatch::analysis

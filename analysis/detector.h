@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "analysis/engine.h"
@@ -52,6 +53,7 @@ class Detector {
     kAdvance = 2,   // OnAdvance
     kEvaluate = 4,  // Evaluate
     kGpu = 8,       // OnGpu, OnAdvanceGpu, OnGpuReleased, EvaluateGpu
+    kHost = 16,     // EvaluateHost
   };
 
   virtual ~Detector() = default;
@@ -94,6 +96,10 @@ class Detector {
   virtual void OnGpuReleased(const EngineView&, const GpuInfo&, DetectorState*) {}
   virtual void EvaluateGpu(const EngineView&, const GpuInfo&, const DetectorState*,
                            std::vector<Finding>* /*out*/) const {}
+
+  // Per-host part: the findings about one node's host (its network ports).
+  virtual void EvaluateHost(const EngineView&, const std::string& /*node*/, const HostInfo&,
+                            std::vector<Finding>* /*out*/) const {}
 
  private:
   size_t slot_ = 0;

@@ -33,6 +33,7 @@ class Engine::Impl {
       if (hooks & Detector::kAdvance) on_advance_.push_back(i);
       if (hooks & Detector::kEvaluate) on_evaluate_.push_back(i);
       if (hooks & Detector::kGpu) on_gpu_.push_back(i);
+      if (hooks & Detector::kHost) on_host_.push_back(i);
       if (auto* s = dynamic_cast<ScalingDetector*>(detectors_[i].get())) scaling_ = s;
     }
     // SerializeScalingHistory() and LoadScalingHistory() go through it.
@@ -44,7 +45,7 @@ class Engine::Impl {
   void AddGpu(const GpuSample& reading);
   void AddHost(const HostSample& reading) {
     now_ = std::max(now_, reading.sampled_unix_nanos);
-    registry_.UpdateHost(reading);
+    registry_.UpdateHost(reading, opt_);
   }
   void Advance(int64_t now);
   std::vector<JobSnapshot> Jobs() const {
@@ -136,7 +137,7 @@ class Engine::Impl {
   Registry registry_;
   std::vector<std::unique_ptr<Detector>> detectors_;
   // Positions in detectors_ of those that implement each group of calls (Detector::Hook).
-  std::vector<size_t> on_step_, on_advance_, on_evaluate_, on_gpu_;
+  std::vector<size_t> on_step_, on_advance_, on_evaluate_, on_gpu_, on_host_;
   ScalingDetector* scaling_ = nullptr;  // one of detectors_: keeps the scaling history
   mutable DetectorClock clock_;         // Findings() is const but counts its time
   int64_t now_ = 0;
@@ -238,6 +239,7 @@ void Engine::Impl::IndexSections(JobRecord& job, const StepEvent& s, Pending* p,
 void Engine::Impl::AddGpu(const GpuSample& reading) {
   now_ = std::max(now_, reading.sampled_unix_nanos);
   GpuInfo& g = registry_.UpdateGpu(reading);
+  g.health.Update(g.last, opt_);
   if (g.states.empty()) {
     for (const auto& d : detectors_) g.states.push_back(d->NewGpuState());
   }
@@ -394,6 +396,11 @@ std::vector<Finding> Engine::Impl::Findings() const {
   clock_.Timed(on_gpu_, [&](size_t i) {
     for (const auto& [key, g] : registry_.gpus()) {
       detectors_[i]->EvaluateGpu(View(), g, g.states[i].get(), &out);
+    }
+  });
+  clock_.Timed(on_host_, [&](size_t i) {
+    for (const auto& [node, host] : registry_.hosts()) {
+      detectors_[i]->EvaluateHost(View(), node, host, &out);
     }
   });
   for (size_t i = gpu_findings; i < out.size(); ++i) RenderFinding(&out[i]);

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "analysis/health.h"
 
 namespace stepwatch::analysis {
 
@@ -70,6 +71,7 @@ struct GpuSample {
   std::optional<double> temperature_celsius;
   std::optional<uint64_t> throttle_reasons;  // NVML clocks-throttle-reasons bitmask
   std::vector<uint32_t> pids;
+  GpuHealth health;
 };
 
 // One reading of one node's host.
@@ -79,6 +81,7 @@ struct HostSample {
   uint32_t cpu_count = 0;
   std::optional<double> cpu_utilization_ratio;  // 0..1
   std::optional<double> memory_bandwidth_bytes_per_second;
+  std::vector<NicPortHealth> nic_ports;  // InfiniBand / RoCE ports
 };
 
 enum class FindingKind {
@@ -90,9 +93,11 @@ enum class FindingKind {
   kScalingEfficiency,
   kRegression,
   kStall,
+  kGpuHealth,
+  kNicHealth,
 };
 // "straggler", "slow_node", "pipeline_imbalance", "underutilized_gpu", "idle_gpu",
-// "scaling_efficiency", "regression", "stall".
+// "scaling_efficiency", "regression", "stall", "gpu_health", "nic_health".
 const char* FindingKindName(FindingKind kind);
 
 enum class Severity { kInfo, kWarning, kCritical };
@@ -119,6 +124,19 @@ enum class Cause {
   kImbalance,          // "imbalance": ranks wait for slower peers (scaling, regression)
   kRankExited,         // "rank_exited": a stall in which some ranks' processes are gone
   kHang,               // "hang": a stall with every process alive
+  // Hardware health (gpu_health and nic_health findings; the primary cause of a straggler, slow
+  // node or slow stage on the affected GPU or node):
+  kXid,              // "xid": the driver reported an Xid error
+  kEccUncorrected,   // "ecc_uncorrected": uncorrected ECC errors rose
+  kRowRemapPending,  // "row_remap_pending": a row remap waits for the next GPU reset
+  kRowRemapFailure,  // "row_remap_failure": a row remap failed
+  kNvlinkDown,       // "nvlink_down": an NVLink that was up is down
+  kNvlinkErrors,     // "nvlink_errors": NVLink replay, recovery or CRC errors rising
+  kPcieDowngraded,   // "pcie_downgraded": a busy GPU's PCIe link under its generation or width
+  kPcieReplays,      // "pcie_replays": PCIe replays rising
+  kNicDown,          // "nic_down": a network port that was active is not
+  kNicDegraded,      // "nic_degraded": a port's rate or width under the node's other ports'
+  kNicErrors,        // "nic_errors": a port's symbol or receive errors rising, or its link downed
 };
 const char* CauseName(Cause cause);
 
@@ -142,6 +160,9 @@ struct DeviceEvidence {
   // The host's CPU utilization, and the median host's, when it is saturated.
   std::optional<double> host_cpu_ratio;
   std::optional<double> host_cpu_median_ratio;
+  // The GPU's and its node's hardware faults, one line each (e.g. "Xid 79 (GPU has fallen off
+  // the bus)", "PCIe gen 3 x8 of gen 5 x16 while busy", "port mlx5_0:1 down").
+  std::vector<std::string> health;
 };
 
 // The measured figures behind a finding, by kind; unset when not measured or not applicable.
@@ -194,14 +215,19 @@ struct Evidence {
   // GPUs and hosts: the rank's (straggler), the slow node's, the slow stage's (the first few), the
   // underutilized one.
   std::vector<DeviceEvidence> devices;
+  // Health findings: each fault, one line, and the jobs with ranks on the node (at risk; the
+  // first few).
+  std::vector<std::string> health;
+  std::vector<std::string> jobs_at_risk;
 };
 
 struct Finding {
   FindingKind kind = FindingKind::kStraggler;
-  std::string job;   // empty for idle GPUs (no job)
-  int rank = -1;     // -1 when not about one rank
-  std::string node;  // empty when not about one node
-  int gpu = -1;      // -1 when not about one GPU
+  std::string job;     // empty for idle GPUs (no job)
+  int rank = -1;       // -1 when not about one rank
+  std::string node;    // empty when not about one node
+  int gpu = -1;        // -1 when not about one GPU
+  std::string device;  // nic_health: the port, "<device>:<port>"; empty otherwise
   // `gpu` is only the rank's local rank: no GPU is known for it (a CPU-only job).
   bool gpu_is_local_rank = false;
   int64_t since_step = 0;
@@ -349,9 +375,9 @@ struct EngineOptions {
   // relative excess feeds a bank of sequential tests (CUSUM) tuned to effects of 1, 2, 4, 8 and
   // 16 x straggler_rel_margin, scaled by the peers' own noise. A rank is flagged when one of them
   // crosses log(peers x tests / straggler_false_alarm_per_step) and the mean excess since that
-  // test's change point is at least 0.8 x straggler_rel_margin, the absolute margin and the
-  // step-fraction margin. It clears when a test for "back among its peers" against "still
-  // straggler_rel_margin slower" crosses log(1 / straggler_clear_false_alarm).
+  // test's change point (against the other healthy peers) is at least straggler_rel_margin, the
+  // absolute margin and the step-fraction margin. It clears when a test for "back among its peers"
+  // against "still straggler_rel_margin slower" crosses log(1 / straggler_clear_false_alarm).
   // `straggler_window` steps of scores are kept as the finding's evidence (the split).
   int straggler_window = 16;
   double straggler_rel_margin = 0.05;
@@ -410,6 +436,14 @@ struct EngineOptions {
   // slow_node_clear_share of them have stayed flagged for straggler_window steps.
   int slow_node_min_ranks = 2;
   double slow_node_clear_share = 0.5;
+  // Hardware health (analysis/health_tracker.h): counters are judged by their rise over the last
+  // health_window_nanos (an Xid event is a fault for that long after it); a rise of at least this
+  // many NVLink errors, PCIe replays or network port errors in the window is a fault. A PCIe link
+  // under its maximum counts only while the GPU is busier than underutil_threshold.
+  int64_t health_window_nanos = 300'000'000'000;
+  int64_t nvlink_error_rise = 10;
+  int64_t pcie_replay_rise = 100;
+  int64_t nic_error_rise = 10;
 };
 
 // Cumulative time one detector has spent in the engine (a steady-clock measurement for

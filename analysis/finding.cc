@@ -24,6 +24,10 @@ const char* FindingKindName(FindingKind kind) {
       return "regression";
     case FindingKind::kStall:
       return "stall";
+    case FindingKind::kGpuHealth:
+      return "gpu_health";
+    case FindingKind::kNicHealth:
+      return "nic_health";
   }
   return "unknown";
 }
@@ -70,6 +74,28 @@ const char* CauseName(Cause cause) {
       return "rank_exited";
     case Cause::kHang:
       return "hang";
+    case Cause::kXid:
+      return "xid";
+    case Cause::kEccUncorrected:
+      return "ecc_uncorrected";
+    case Cause::kRowRemapPending:
+      return "row_remap_pending";
+    case Cause::kRowRemapFailure:
+      return "row_remap_failure";
+    case Cause::kNvlinkDown:
+      return "nvlink_down";
+    case Cause::kNvlinkErrors:
+      return "nvlink_errors";
+    case Cause::kPcieDowngraded:
+      return "pcie_downgraded";
+    case Cause::kPcieReplays:
+      return "pcie_replays";
+    case Cause::kNicDown:
+      return "nic_down";
+    case Cause::kNicDegraded:
+      return "nic_degraded";
+    case Cause::kNicErrors:
+      return "nic_errors";
   }
   return "unknown";
 }

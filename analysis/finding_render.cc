@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "analysis/causes.h"
 #include "analysis/finding.h"
 
 namespace stepwatch::analysis {
@@ -42,9 +43,11 @@ std::vector<std::string> SlowdownTexts(const DeviceEvidence& d) {
   return texts;
 }
 
-// Everything set on one GPU and its host, in the order the summaries name them.
+// Everything set on one GPU and its host, in the order the summaries name them: hardware faults
+// first (they are the primary cause).
 std::vector<std::string> DeviceTexts(const DeviceEvidence& d) {
-  std::vector<std::string> texts = SlowdownTexts(d);
+  std::vector<std::string> texts = d.health;
+  for (std::string& t : SlowdownTexts(d)) texts.push_back(std::move(t));
   if (std::optional<double> busy = GpuBusy(d)) {
     texts.push_back(absl::StrCat("GPU utilization ", Percent(*busy)));
   }
@@ -101,8 +104,13 @@ std::string StragglerSummary(const Finding& f) {
     if (d.gpu < 0) absl::StrAppend(&s, " (no GPU readings)");
     if (!texts.empty()) absl::StrAppend(&s, ": ", absl::StrJoin(texts, "; "));
   } else {
-    absl::StrAppend(&s, f.cause == Cause::kHostCpu ? "; slower host: " : "; slower GPU: ",
-                    absl::StrJoin(texts, "; "));
+    const char* what = f.cause == Cause::kHostCpu ? "; slower host: "
+                       : f.cause == Cause::kNicDown || f.cause == Cause::kNicDegraded ||
+                               f.cause == Cause::kNicErrors
+                           ? "; network port fault: "
+                       : IsHealthCause(f.cause) ? "; GPU fault: "
+                                                : "; slower GPU: ";
+    absl::StrAppend(&s, what, absl::StrJoin(texts, "; "));
   }
   if (!f.persistent) absl::StrAppend(&s, " (transient so far)");
   return s;
@@ -256,6 +264,21 @@ std::string RegressionSummary(const Finding& f) {
   return s;
 }
 
+// "node-3 GPU 5: Xid 79 (GPU has fallen off the bus), 1 event; jobs on the node: train-a"
+std::string HealthSummary(const Finding& f) {
+  const Evidence& e = f.evidence;
+  std::string s = f.kind == FindingKind::kGpuHealth ? absl::StrCat(f.node, " GPU ", f.gpu)
+                                                    : absl::StrCat(f.node, " port ", f.device);
+  if (f.rank >= 0) absl::StrAppend(&s, " (rank ", f.rank, ")");
+  absl::StrAppend(&s, ": ", absl::StrJoin(e.health, "; "));
+  if (!e.jobs_at_risk.empty()) {
+    absl::StrAppend(&s, "; jobs on the node: ", absl::StrJoin(e.jobs_at_risk, ", "));
+  } else {
+    absl::StrAppend(&s, "; no job on the node");
+  }
+  return s;
+}
+
 std::string StallSummary(const Finding& f) {
   const Evidence& e = f.evidence;
   std::string s = absl::StrFormat("no step progress for over %s after step %d",
@@ -300,6 +323,31 @@ std::string DeviceAction(Cause cause, const std::string& node, int gpu) {
                           "data-loader threads)");
     case Cause::kDataLoading:
       return absl::StrCat("more data-loader workers or faster storage on ", where);
+    case Cause::kXid:
+      return absl::StrCat("drain ", where, ", read the driver's Xid messages (dmesg) and reset ",
+                          device, "; replace it if the error recurs");
+    case Cause::kEccUncorrected:
+      return absl::StrCat("drain ", where, " and reset ", device,
+                          " (uncorrected memory errors); replace it if they recur");
+    case Cause::kRowRemapPending:
+      return absl::StrCat("reset ", device, " when its jobs end (drain ", where,
+                          ") to apply the pending row remap");
+    case Cause::kRowRemapFailure:
+      return absl::StrCat("drain ", where, " and replace ", device, " (row remapping failed)");
+    case Cause::kNvlinkDown:
+    case Cause::kNvlinkErrors:
+      return absl::StrCat("drain ", where, " and inspect ", device,
+                          "'s NVLinks (reseat the GPU or the NVLink bridge, nvidia-smi nvlink -e)");
+    case Cause::kPcieDowngraded:
+    case Cause::kPcieReplays:
+      return absl::StrCat("drain ", where, " and reseat ", device,
+                          " (PCIe slot, riser and cable; nvidia-smi -q -d PCIE)");
+    case Cause::kNicDown:
+    case Cause::kNicDegraded:
+    case Cause::kNicErrors:
+      return absl::StrCat("drain ", where,
+                          " and check the cable, transceiver and switch port of its network "
+                          "port (ibstat, perfquery)");
     default:
       return absl::StrCat("drain ", where, " or inspect ", device, " and its host");
   }
@@ -385,6 +433,9 @@ std::string RenderSummary(const Finding& f) {
       return RegressionSummary(f);
     case FindingKind::kStall:
       return StallSummary(f);
+    case FindingKind::kGpuHealth:
+    case FindingKind::kNicHealth:
+      return HealthSummary(f);
   }
   return "";
 }
@@ -419,6 +470,14 @@ std::string RenderAction(const Finding& f) {
       return JobAction(f.cause);
     case FindingKind::kStall:
       return StallAction(f);
+    case FindingKind::kGpuHealth:
+      if (f.severity == Severity::kInfo) {
+        return "read the job's logs: the error was raised by the program, not the GPU";
+      }
+      return DeviceAction(f.cause, f.node, f.gpu);
+    case FindingKind::kNicHealth:
+      return absl::StrCat("drain ", f.node, " and check the cable, transceiver and switch port of ",
+                          f.device, " (ibstat, perfquery)");
   }
   return "";
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "analysis/engine.h"
+#include "analysis/health_tracker.h"
 #include "analysis/ring.h"
 #include "analysis/window.h"
 
@@ -100,9 +101,19 @@ struct GpuInfo {
   double value = 0;  // SM activity where known, else utilization
   std::string job;   // owner, empty when none
   int rank = -1;
+  // Its hardware faults as of the last reading (read by the gpu_health detector and by the
+  // cause of a finding on a rank that drives it).
+  GpuHealthTracker health;
   // One slot per detector, in the order of the detector list (null when it keeps none).
   std::vector<std::unique_ptr<DetectorState>> states;
 };
+
+// The last reading of one node's host and its network ports' faults.
+struct HostInfo {
+  HostSample last;
+  NicHealthTracker nics;
+};
+using HostMap = std::map<std::string, HostInfo>;
 
 using GpuKey = std::pair<std::string, int>;  // (node, index)
 // Jobs by name; looked up by string_view without a copy.
@@ -133,15 +144,19 @@ class Registry {
   // Forgets the owner of every GPU `job` drove.
   void DisownGpus(absl::string_view job);
 
-  void UpdateHost(const HostSample& reading) { hosts_[reading.node] = reading; }
-  const std::map<std::string, HostSample>& hosts() const { return hosts_; }
+  void UpdateHost(const HostSample& reading, const EngineOptions& opt) {
+    HostInfo& h = hosts_[reading.node];
+    h.last = reading;
+    h.nics.Update(reading, opt);
+  }
+  const HostMap& hosts() const { return hosts_; }
 
  private:
   void ResolveOwner(GpuInfo& g) const;
 
   JobMap jobs_;
   std::map<GpuKey, GpuInfo> gpus_;
-  std::map<std::string, HostSample> hosts_;
+  HostMap hosts_;
   std::map<std::string, std::set<std::pair<std::string, int>>> nodes_;  // node -> (job, rank)
 };
 

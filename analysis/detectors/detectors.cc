@@ -6,6 +6,7 @@
 // (slow_node replaces the straggler findings of a slow node's ranks).
 #include "analysis/detector.h"
 #include "analysis/detectors/gpu_utilization.h"
+#include "analysis/detectors/health.h"
 #include "analysis/detectors/pipeline.h"
 #include "analysis/detectors/regression.h"
 #include "analysis/detectors/scaling.h"
@@ -26,6 +27,8 @@ std::vector<std::unique_ptr<Detector>> MakeDetectors() {
   list.push_back(std::make_unique<RegressionDetector>());
   list.push_back(std::make_unique<StallDetector>());
   list.push_back(std::make_unique<GpuUtilizationDetector>());
+  list.push_back(std::make_unique<GpuHealthDetector>());
+  list.push_back(std::make_unique<NicHealthDetector>());
   for (size_t i = 0; i < list.size(); ++i) list[i]->set_slot(i);
   return list;
 }

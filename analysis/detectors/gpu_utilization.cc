@@ -94,9 +94,9 @@ Cause GpuUtilizationDetector::Attribute(const EngineView& view, const GpuInfo& g
   const EngineOptions& opt = view.options;
   const auto& hosts = view.registry.hosts();
   auto hit = hosts.find(g.last.node);
-  if (hit != hosts.end() && hit->second.cpu_utilization_ratio &&
-      *hit->second.cpu_utilization_ratio >= opt.host_cpu_saturated) {
-    dev->host_cpu_ratio = hit->second.cpu_utilization_ratio;
+  if (hit != hosts.end() && hit->second.last.cpu_utilization_ratio &&
+      *hit->second.last.cpu_utilization_ratio >= opt.host_cpu_saturated) {
+    dev->host_cpu_ratio = hit->second.last.cpu_utilization_ratio;
     return Cause::kHostCpu;
   }
   const GpuSample& x = g.last;

@@ -103,6 +103,7 @@ void PipelineDetector::Evaluate(const JobView& view, const DetectorState* state,
   f.evidence.node_count = static_cast<int64_t>(nodes.size());
   f.evidence.nodes.assign(nodes.begin(), std::next(nodes.begin(), std::min(nodes.size(), kShown)));
   if (f.causes.empty()) f.causes.push_back(Cause::kMoreWork);
+  HealthFirst(&f.causes);
   f.cause = f.causes[0];
   f.ranks = BoundedRanks(std::move(ranks), view.options.max_finding_ranks);
   out->push_back(std::move(f));

@@ -97,10 +97,19 @@ Finding SlowNodeDetector::NodeFinding(const JobView& view, const std::string& no
     dev.rank = i;
     dev.node = node;
     dev.gpu = g->last.index;
-    const std::vector<Cause> causes = GpuSlowdowns(g->last, opt, &dev);
+    std::vector<Cause> causes;
+    AddHealthFaults(g->health.faults(), &causes, &dev);
+    for (Cause c : GpuSlowdowns(g->last, opt, &dev)) AddCause(c, &causes);
     if (causes.empty()) continue;
     for (Cause c : causes) AddCause(c, &f.causes);
     f.evidence.devices.push_back(std::move(dev));
+  }
+  // The node's network ports.
+  if (auto host = view.registry.hosts().find(node); host != view.registry.hosts().end()) {
+    DeviceEvidence nic;
+    nic.node = node;
+    AddHealthFaults(host->second.nics.faults(), &f.causes, &nic);
+    if (!nic.health.empty()) f.evidence.devices.push_back(std::move(nic));
   }
   ratio /= std::max(1, count);
   f.severity = ratio >= opt.critical_ratio ? Severity::kCritical : Severity::kWarning;
@@ -124,6 +133,7 @@ Finding SlowNodeDetector::NodeFinding(const JobView& view, const std::string& no
     f.evidence.devices.push_back(std::move(host));
   }
   if (data) f.causes.insert(f.causes.begin(), Cause::kDataLoading);
+  HealthFirst(&f.causes);
   f.cause = f.causes.empty() ? Cause::kUnknown : f.causes[0];
   f.ranks = BoundedRanks(std::move(flagged), opt.max_finding_ranks);
   return f;

@@ -101,7 +101,7 @@ TestRound::TestRound(double sigma, double min_effect_in, double h_in, double h_c
   }
 }
 
-bool UpdateSeriesTest(double rel, double abs, const TestRound& round, SeriesTest* t) {
+bool UpdateSeriesTest(double rel, double abs, double self, const TestRound& round, SeriesTest* t) {
   if (t->tested_from < 0) t->tested_from = round.step;
   // Two full steps reach the threshold (float sums must not fall short of it by a rounding).
   const double cap = round.h / 2 * (1 + 1e-6);
@@ -117,8 +117,8 @@ bool UpdateSeriesTest(double rel, double abs, const TestRound& round, SeriesTest
     }
     t->cusum[j] = static_cast<float>(std::max(0.0, t->cusum[j] + inc));
     if (t->cusum[j] > 0) {
-      t->sum_rel[j] += static_cast<float>(rel);
-      t->sum_abs[j] += static_cast<float>(abs);
+      t->sum_rel[j] += static_cast<float>(self * rel);
+      t->sum_abs[j] += static_cast<float>(self * abs);
       ++t->count[j];
     } else {
       t->count[j] = 0;
@@ -143,7 +143,7 @@ bool UpdateSeriesTest(double rel, double abs, const TestRound& round, SeriesTest
     t->flagged_effect = static_cast<float>(t->Effect());
     return true;
   }
-  t->effect_sum += rel;
+  t->effect_sum += self * rel;
   ++t->effect_steps;
   // "Back among its peers" (mean 0) against "still slower by half the effect it was flagged
   // with" (at least the minimum effect): a burst of slow steps clears in about as many steps as
@@ -325,6 +325,7 @@ void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, si
   // slow_ref: the slow cluster's median when the peers split. A rank of the fast cluster holds the
   // job back only once it is slower than that: it is tested against it.
   double ref = 0, ref_compute = 0, ref_data = 0, slow_ref = 0;
+  double healthy_count = 0;  // peers in the reference
   const size_t sections = view.job.section_names.size();
   const double h = std::log(static_cast<double>(n)) +
                    std::log(1.0 / opt.straggler_false_alarm_per_step) +
@@ -353,6 +354,7 @@ void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, si
     ref /= count;
     ref_compute /= count;
     ref_data /= count;
+    healthy_count = count;
     if (group.split) {
       scratch_.clear();
       for (size_t k = 0; k < n; ++k) {
@@ -442,6 +444,13 @@ void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, si
     Score old;
     if (r.scores.Push(sc, &old)) r.sum_ratio -= old.busy / old.ref;
     r.sum_ratio += sc.busy / sc.ref;
+    // A rank inside the reference pulls it towards itself: its excess over the other healthy
+    // peers is c / (c - 1) times its excess over the mean of all c. The size of its slowdown (the
+    // minimum effect a flag needs, the effect a finding reports) is read against the others;
+    // without this one slow rank in four shows three quarters of its slowdown. The test itself
+    // stays on the excess over all c, whose noise its peers share.
+    const double self =
+        n >= 3 && healthy_[k] && healthy_count > 1 ? healthy_count / (healthy_count - 1) : 1.0;
     const double rel = e.busy / rank_ref - 1;
     // A rank of the fast cluster that is not flagged is tested against the slow cluster; a flagged
     // one clears once back among the healthy peers, wherever the split now puts it.
@@ -453,8 +462,8 @@ void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, si
     if (test) {
       // A busier rank that did not wait less is not the one the other waited for.
       const double tested = waits_less ? paced_rel : std::min(paced_rel, 0.0);
-      const bool changed =
-          UpdateSeriesTest(tested, waits_less ? abs : std::min(abs, 0.0), *test, &r.busy);
+      const bool changed = UpdateSeriesTest(tested, waits_less ? abs : std::min(abs, 0.0),
+                                            paced ? 1.0 : self, *test, &r.busy);
       if (changed && r.busy.flagged && r.busy.since_step == r.busy.tested_from) BackdateOnset(&r);
     }
     ObserveNoise(rel, &r.busy);
@@ -518,7 +527,7 @@ void StragglerDetector::ScoreSections(const JobView& view, const std::vector<Ent
     const std::vector<SectionValue>& values = by_section_[s];
     const size_t m = values.size();
     if (m < 2) continue;
-    double ref = 0;
+    double ref = 0, count = 0;
     if (m >= 3) {
       // As for busy time, the mean of the central part: the peers whose level in this section
       // (long-memory mean against the median of all) is within the minimum effect of the median
@@ -539,19 +548,21 @@ void StragglerDetector::ScoreSections(const JobView& view, const std::vector<Ent
       }
       const bool levels_known = 2 * scratch_.size() >= m;
       const double centre = levels_known ? MedianInPlace(scratch_) : 0;
-      double count = 0;
-      for (const SectionValue& v : values) {
-        const SeriesTest& t = v.rank->sections[s];
+      in_reference_.assign(m, 0);
+      for (size_t k = 0; k < m; ++k) {
+        const SeriesTest& t = values[k].rank->sections[s];
         if (levels_known && t.level_steps >= kWarmupSteps &&
             std::fabs(t.level - centre) > min_effect) {
           continue;
         }
-        ref += v.seconds;
+        ref += values[k].seconds;
+        in_reference_[k] = 1;
         ++count;
       }
       if (2 * count < m) {
         ref = 0;
         for (const SectionValue& v : values) ref += v.seconds;
+        in_reference_.assign(m, 1);
         count = static_cast<double>(m);
       }
       ref /= count;
@@ -567,8 +578,10 @@ void StragglerDetector::ScoreSections(const JobView& view, const std::vector<Ent
       const double rank_ref = m == 2 ? values[1 - k].seconds : ref;
       if (rank_ref <= 0) continue;
       SeriesTest& t = values[k].rank->sections[s];
+      // Against the other peers of the reference, as for busy time (ScoreGroup).
+      const double self = m >= 3 && in_reference_[k] && count > 1 ? count / (count - 1) : 1.0;
       const double rel = values[k].seconds / rank_ref - 1;
-      if (test) UpdateSeriesTest(rel, values[k].seconds - rank_ref, *test, &t);
+      if (test) UpdateSeriesTest(rel, values[k].seconds - rank_ref, self, *test, &t);
       ObserveNoise(rel, &t);
     }
   }
@@ -630,6 +643,7 @@ void StragglerDetector::Attribute(const JobView& view, int rank, const RankScore
     SetGpuBusy(*g, &dev);
   }
   f->evidence.devices.push_back(std::move(dev));
+  HealthFirst(&f->causes);
   f->cause = f->causes.empty() ? Cause::kUnknown : f->causes[0];
 }
 

