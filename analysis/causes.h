@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "analysis/engine.h"
+#include "analysis/health_tracker.h"
 #include "analysis/registry.h"
 
 namespace stepwatch::analysis {

@@ -12,6 +12,7 @@
 #include "analysis/detector.h"
 #include "analysis/detectors/scaling.h"
 #include "analysis/finding_render.h"
+#include "analysis/health_tracker.h"
 #include "analysis/registry.h"
 #include "analysis/ring.h"
 #include "analysis/stats.h"

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "analysis/health.h"
 
 namespace stepwatch::analysis {
 namespace {

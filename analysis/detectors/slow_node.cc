@@ -6,6 +6,7 @@
 #include "analysis/causes.h"
 #include "analysis/detectors/straggler.h"
 #include "analysis/finding.h"
+#include "analysis/health_tracker.h"
 
 namespace stepwatch::analysis {
 
