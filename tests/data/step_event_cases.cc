@@ -8,6 +8,7 @@
 #include "common/file.h"
 #include "common/json.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::test {
 namespace {
@@ -118,10 +119,10 @@ std::string SourcePath(const std::string& relative) {
 
 std::vector<StepEventCase> LoadStepEventCases() {
   absl::StatusOr<std::string> text = ReadFile(SourcePath("tests/data/step_event_cases.json"));
-  EXPECT_TRUE(text.ok()) << text.status();
+  EXPECT_OK(text);
   if (!text.ok()) return {};
   absl::StatusOr<json::Value> doc = json::Parse(*text);
-  EXPECT_TRUE(doc.ok()) << doc.status();
+  EXPECT_OK(doc);
   if (!doc.ok()) return {};
   const json::Value* base = Member(*doc, "base");
   const json::Value* cases = Member(*doc, "cases");

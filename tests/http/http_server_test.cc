@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "tests/http/http_test_client.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::http {
 namespace {
@@ -30,7 +31,7 @@ std::unique_ptr<HttpServer> EchoServer(HttpServerOptions options) {
     response.body = std::make_shared<const std::string>(r.method + " " + r.path);
     responder.Send(std::move(response));
   });
-  EXPECT_TRUE(server.ok()) << server.status();
+  EXPECT_OK(server);
   return server.ok() ? *std::move(server) : nullptr;
 }
 
@@ -38,7 +39,7 @@ TEST(HttpServerTest, ServesKeepAliveAndPipelinedRequestsOnOneConnection) {
   auto server = EchoServer({});
   ASSERT_NE(server, nullptr);
   TestConnection c(server->port());
-  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(c.ok()) << "could not connect";
   ASSERT_TRUE(c.Send(Get("/a")));
   std::string response = c.ReadResponse(milliseconds(5000));
   EXPECT_NE(response.find("HTTP/1.1 200 OK\r\n"), std::string::npos) << response;
@@ -148,7 +149,7 @@ TEST(HttpServerTest, ClosesConnectionsThatDoNotTakeTheResponseInTime) {
     response.body = body;
     responder.Send(std::move(response));
   });
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   TestConnection reader((*server)->port(), /*receive_buffer=*/4096);
   ASSERT_TRUE(reader.Send(Get("/")));
   for (int i = 0; i < 300 && Closed((*server)->stats(), CloseReason::kWriteTimeout) == 0; ++i) {
@@ -190,7 +191,7 @@ TEST(HttpServerTest, AtTheCapWithEveryRequestInProgressNewConnectionsAreRefused)
     absl::MutexLock lock(&mu);
     held.push_back(r);
   });
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   TestConnection a((*server)->port());
   TestConnection b((*server)->port());
   ASSERT_TRUE(a.Send(Get("/")) && b.Send(Get("/")));
@@ -220,7 +221,7 @@ TEST(HttpServerTest, StopsPromptlyWithOpenConnections) {
   options.listen = "127.0.0.1:0";
   auto server =
       HttpServer::Start(options, [&](const HttpRequest&, HttpResponder r) { held.push_back(r); });
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   std::vector<std::unique_ptr<TestConnection>> clients;
   for (int i = 0; i < 50; ++i)
     clients.push_back(std::make_unique<TestConnection>((*server)->port()));

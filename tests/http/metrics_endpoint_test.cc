@@ -18,6 +18,7 @@
 #include "prometheus/client_metric.h"
 #include "prometheus/metric_family.h"
 #include "tests/http/http_test_client.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::http {
 namespace {
@@ -51,7 +52,7 @@ std::unique_ptr<MetricsEndpoint> StartEndpoint(std::shared_ptr<prometheus::Colle
                                                MetricsEndpointOptions options = {}) {
   options.listen = "127.0.0.1:0";
   auto endpoint = MetricsEndpoint::Start(options, c);
-  EXPECT_TRUE(endpoint.ok()) << endpoint.status();
+  EXPECT_OK(endpoint);
   return endpoint.ok() ? *std::move(endpoint) : nullptr;
 }
 
@@ -161,7 +162,7 @@ TEST_F(MetricsEndpointAuthTest, AsksForAPasswordAndChecksIt) {
 
 TEST_F(MetricsEndpointAuthTest, AVerifiedCredentialIsCachedUntilTheFileChanges) {
   BasicAuthUsers users(users_);
-  ASSERT_TRUE(users.Load().ok());
+  ASSERT_OK(users.Load());
   const std::string good = "Basic " + absl::Base64Escape("prometheus:scrape-secret");
   const std::string bad = "Basic " + absl::Base64Escape("prometheus:wrong");
   EXPECT_FALSE(users.VerifyCached(good)) << "nothing verified yet";

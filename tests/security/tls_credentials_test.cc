@@ -16,6 +16,7 @@
 #include "openssl/pem.h"
 #include "openssl/x509.h"
 #include "security/tls_errors.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::security {
 namespace {
@@ -72,7 +73,7 @@ class TempDir {
 TEST(CheckKeyCertPairTest, AcceptsAPairAndNamesTheFlagsOfAMismatch) {
   const Pem a = SelfSigned("a");
   const Pem b = SelfSigned("b");
-  EXPECT_TRUE(CheckKeyCertPair(a.cert, a.key, "--tls-cert", "a.pem", "--tls-key", "a.key").ok());
+  EXPECT_OK(CheckKeyCertPair(a.cert, a.key, "--tls-cert", "a.pem", "--tls-key", "a.key"));
   const absl::Status mismatch =
       CheckKeyCertPair(a.cert, b.key, "--tls-cert", "a.pem", "--tls-key", "b.key");
   EXPECT_TRUE(absl::IsInvalidArgument(mismatch));
@@ -90,8 +91,8 @@ TEST(CheckedKeyCertPairTest, RefusesAMismatchAtStart) {
   TempDir dir;
   const Pem a = SelfSigned("a");
   const Pem b = SelfSigned("b");
-  ASSERT_TRUE(WriteFileAtomically(dir.File("cert.pem"), a.cert).ok());
-  ASSERT_TRUE(WriteFileAtomically(dir.File("key.pem"), b.key).ok());
+  ASSERT_OK(WriteFileAtomically(dir.File("cert.pem"), a.cert));
+  ASSERT_OK(WriteFileAtomically(dir.File("key.pem"), b.key));
   auto pair = CheckedKeyCertPair::Start("--tls-cert", dir.File("cert.pem"), "--tls-key",
                                         dir.File("key.pem"), 0);
   ASSERT_FALSE(pair.ok());
@@ -102,16 +103,16 @@ TEST(CheckedKeyCertPairTest, KeepsThePreviousPairWhileARotationIsHalfApplied) {
   TempDir dir;
   const Pem a = SelfSigned("a");
   const Pem b = SelfSigned("b");
-  ASSERT_TRUE(WriteFileAtomically(dir.File("cert.pem"), a.cert).ok());
-  ASSERT_TRUE(WriteFileAtomically(dir.File("key.pem"), a.key).ok());
+  ASSERT_OK(WriteFileAtomically(dir.File("cert.pem"), a.cert));
+  ASSERT_OK(WriteFileAtomically(dir.File("key.pem"), a.key));
   auto pair = CheckedKeyCertPair::Start("--tls-cert", dir.File("cert.pem"), "--tls-key",
                                         dir.File("key.pem"), 1);
-  ASSERT_TRUE(pair.ok()) << pair.status();
+  ASSERT_OK(pair);
   auto served = [&] { return ReadFile((*pair)->path()).value_or(""); };
   EXPECT_EQ(served(), absl::StrCat(a.key, "\n", a.cert));
 
   // New certificate, old key: refused, counted once, the old pair still served.
-  ASSERT_TRUE(WriteFileAtomically(dir.File("cert.pem"), b.cert).ok());
+  ASSERT_OK(WriteFileAtomically(dir.File("cert.pem"), b.cert));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while ((*pair)->stats().reload_errors == 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -122,7 +123,7 @@ TEST(CheckedKeyCertPairTest, KeepsThePreviousPairWhileARotationIsHalfApplied) {
   EXPECT_EQ((*pair)->stats().reload_errors, 1u) << "a persisting bad state is counted once";
 
   // The rotation completes: the new pair is served.
-  ASSERT_TRUE(WriteFileAtomically(dir.File("key.pem"), b.key).ok());
+  ASSERT_OK(WriteFileAtomically(dir.File("key.pem"), b.key));
   while ((*pair)->stats().reloads == 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }

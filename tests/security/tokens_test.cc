@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::security {
 namespace {
@@ -25,7 +26,7 @@ class TempFile {
   }
   ~TempFile() { unlink(path_.c_str()); }
   const std::string& path() const { return path_; }
-  void Write(const std::string& text) const { ASSERT_TRUE(WriteFileAtomically(path_, text).ok()); }
+  void Write(const std::string& text) const { ASSERT_OK(WriteFileAtomically(path_, text)); }
 
  private:
   std::string path_;
@@ -34,7 +35,7 @@ class TempFile {
 TEST(ParseTokenFileTest, ReadsRolesCommentsAndBlankLines) {
   auto tokens = ParseTokenFile(absl::StrCat("# rotated 2026-11\n\nagent ", kAgentToken,
                                             "\n  reader\t", kReaderToken, "  \n"));
-  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  ASSERT_OK(tokens);
   ASSERT_EQ(tokens->size(), 2u);
   EXPECT_EQ((*tokens)[0].role, Role::kAgent);
   EXPECT_EQ((*tokens)[0].token, kAgentToken);
@@ -58,9 +59,9 @@ TEST(TokenStoreTest, ChecksTokenAndRole) {
   TempFile file;
   file.Write(absl::StrCat("agent ", kAgentToken, "\nreader ", kReaderToken, "\n"));
   auto store = TokenStore::Open(file.path());
-  ASSERT_TRUE(store.ok()) << store.status();
-  EXPECT_TRUE((*store)->Check(absl::StrCat("Bearer ", kAgentToken), Role::kAgent).ok());
-  EXPECT_TRUE((*store)->Check(absl::StrCat("Bearer ", kReaderToken), Role::kReader).ok());
+  ASSERT_OK(store);
+  EXPECT_OK((*store)->Check(absl::StrCat("Bearer ", kAgentToken), Role::kAgent));
+  EXPECT_OK((*store)->Check(absl::StrCat("Bearer ", kReaderToken), Role::kReader));
   // An agent token cannot query, a reader token cannot report.
   EXPECT_TRUE(absl::IsPermissionDenied(
       (*store)->Check(absl::StrCat("Bearer ", kAgentToken), Role::kReader)));
@@ -76,15 +77,15 @@ TEST(TokenStoreTest, ReloadsWhenTheFileChangesAndKeepsTokensWhenItBreaks) {
   TempFile file;
   file.Write(absl::StrCat("agent ", kAgentToken, "\n"));
   auto store = TokenStore::Open(file.path());
-  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_OK(store);
   const std::string rotated = "agent-token-rotated-abcdef";
   file.Write(absl::StrCat("agent ", rotated, "\n"));  // atomic rename: a new inode
-  EXPECT_TRUE((*store)->Check(absl::StrCat("Bearer ", rotated), Role::kAgent).ok());
+  EXPECT_OK((*store)->Check(absl::StrCat("Bearer ", rotated), Role::kAgent));
   EXPECT_TRUE(
       absl::IsUnauthenticated((*store)->Check(absl::StrCat("Bearer ", kAgentToken), Role::kAgent)));
   // A broken rewrite neither locks everyone out nor lets anyone in.
   file.Write("agent tooshort\n");
-  EXPECT_TRUE((*store)->Check(absl::StrCat("Bearer ", rotated), Role::kAgent).ok());
+  EXPECT_OK((*store)->Check(absl::StrCat("Bearer ", rotated), Role::kAgent));
 }
 
 TEST(TokenStoreTest, OpenFailsOnMissingOrMalformedFile) {
@@ -98,7 +99,7 @@ TEST(TokenSourceTest, SendsTheFirstLineAndFollowsRotation) {
   TempFile file;
   file.Write(absl::StrCat("# for node-1\n", kAgentToken, "\n"));
   auto source = TokenSource::Open(file.path());
-  ASSERT_TRUE(source.ok()) << source.status();
+  ASSERT_OK(source);
   EXPECT_EQ((*source)->AuthorizationHeader(), absl::StrCat("Bearer ", kAgentToken));
   file.Write("agent-token-rotated-abcdef\n");
   EXPECT_EQ((*source)->AuthorizationHeader(), "Bearer agent-token-rotated-abcdef");
