@@ -62,8 +62,13 @@ void AddTableSeries(const Metric& metric, const Sample& sample,
 }
 
 void AddGpuSeries(const std::string& node, const v1::GpuSample& g, Families* f) {
+  // The Kubernetes pod the GPU is allocated to (agent/kubelet_pods.h), empty when none: always
+  // there, so that a scrape with honor_labels never gives it the agent's own pod.
   const std::vector<ClientMetric::Label> labels = {{"node", node},
-                                                   {"gpu", absl::StrCat(g.index())}};
+                                                   {"gpu", absl::StrCat(g.index())},
+                                                   {"namespace", g.kubernetes_pod().namespace_()},
+                                                   {"pod", g.kubernetes_pod().pod()},
+                                                   {"container", g.kubernetes_pod().container()}};
   for (const metrics::GpuMetric& m : metrics::GpuMetrics()) AddTableSeries(m, g, labels, f);
 }
 

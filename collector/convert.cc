@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <string_view>
 
+#include "analysis/health_tracker.h"
+#include "collector/convert_health.h"
+#include "collector/pod_index.h"
 #include "common/text.h"
 
 namespace stepwatch::collector {
@@ -65,6 +68,7 @@ analysis::GpuSample ToGpuReading(const v1::GpuSample& g, const std::string& node
   if (g.has_temperature_celsius()) r.temperature_celsius = g.temperature_celsius();
   if (g.has_throttle_reasons()) r.throttle_reasons = g.throttle_reasons();
   r.pids.assign(g.pids().begin(), g.pids().end());
+  if (g.has_health()) r.health = ToGpuHealth(g.health());
   return r;
 }
 
@@ -77,6 +81,7 @@ analysis::HostSample ToHostReading(const v1::HostSample& h, const std::string& n
   if (h.has_memory_bandwidth_bytes_per_second()) {
     r.memory_bandwidth_bytes_per_second = h.memory_bandwidth_bytes_per_second();
   }
+  r.nic_ports = ToNicPorts(h);
   return r;
 }
 
@@ -98,6 +103,10 @@ std::optional<FieldProblem> CheckText(const char* field, absl::string_view value
 
 // Per entry of a protobuf map of strings: its node and the pair beside the strings' heap.
 constexpr int64_t kMapEntryBytes = 96;
+// Per element of a repeated message or string field: its pointer and the allocator's overhead
+// (the element's own size is added apart); a string element is a separately allocated std::string.
+constexpr int64_t kRepeatedMessageBytes = 16;
+constexpr int64_t kRepeatedStringBytes = 16 + static_cast<int64_t>(sizeof(std::string));
 
 }  // namespace
 
@@ -119,6 +128,11 @@ std::optional<FieldProblem> CheckGpuSample(const v1::GpuSample& g) {
   if (auto p = CheckText("gpu_uuid", g.uuid(), kMaxGpuTextBytes)) return p;
   if (auto p = CheckText("gpu_name", g.name(), kMaxGpuTextBytes)) return p;
   if (g.pids_size() > kMaxGpuPids) return FieldProblem{"gpu_pids", "too_long"};
+  if (g.health().nvlinks_size() > kMaxGpuNvlinks) {
+    return FieldProblem{"gpu_health_nvlinks", "too_long"};
+  }
+  if (g.health().xids_size() > kMaxGpuXids) return FieldProblem{"gpu_health_xids", "too_long"};
+  if (auto p = CheckKubernetesPod(g.kubernetes_pod(), "gpu_kubernetes_pod")) return p;
   if (g.unavailable_metrics_size() > kMaxUnavailableMetrics) {
     return FieldProblem{"gpu_unavailable_metrics", "too_long"};
   }
@@ -130,7 +144,28 @@ std::optional<FieldProblem> CheckGpuSample(const v1::GpuSample& g) {
 }
 
 std::optional<FieldProblem> CheckHostSample(const v1::HostSample& h) {
-  return CheckText("host_memory_bandwidth_source", h.memory_bandwidth_source(), kMaxHostTextBytes);
+  if (auto p = CheckText("host_memory_bandwidth_source", h.memory_bandwidth_source(),
+                         kMaxHostTextBytes)) {
+    return p;
+  }
+  if (h.nic_ports_size() > kMaxNicPorts) return FieldProblem{"host_nic_ports", "too_long"};
+  for (const v1::NicPort& port : h.nic_ports()) {
+    if (auto p = CheckText("nic_port_device", port.device(), kMaxNicTextBytes)) return p;
+    if (auto p = CheckText("nic_port_link_layer", port.link_layer(), kMaxNicTextBytes)) return p;
+    if (port.hw_counters_size() > kMaxNicHwCounters) {
+      return FieldProblem{"nic_port_hw_counters", "too_long"};
+    }
+    for (const auto& [name, value] : port.hw_counters()) {
+      if (auto p = CheckText("nic_port_hw_counters", name, kMaxNicTextBytes)) return p;
+    }
+    if (port.unavailable_size() > kMaxNicUnavailable) {
+      return FieldProblem{"nic_port_unavailable", "too_long"};
+    }
+    for (const std::string& reading : port.unavailable()) {
+      if (auto p = CheckText("nic_port_unavailable", reading, kMaxNicTextBytes)) return p;
+    }
+  }
+  return std::nullopt;
 }
 
 int64_t KeptBytes(const v1::NodeInfo& n) {
@@ -141,15 +176,50 @@ int64_t KeptBytes(const v1::NodeInfo& n) {
 
 int64_t KeptBytes(const v1::GpuSample& g) {
   int64_t bytes = StringHeapBytes(g.uuid()) + StringHeapBytes(g.name());
+  bytes += KeptBytes(g.kubernetes_pod());
   // pids: the view's repeated field and the engine's reading.
   bytes += 2 * static_cast<int64_t>(sizeof(uint32_t)) * g.pids_size();
   for (const auto& [metric, why] : g.unavailable_metrics()) {
     bytes += kMapEntryBytes + StringHeapBytes(metric) + StringHeapBytes(why);
   }
+  // The health message and its parts, each allocated apart; the lists are bounded above.
+  if (g.has_health()) {
+    const v1::GpuHealth& h = g.health();
+    bytes += static_cast<int64_t>(sizeof(v1::GpuHealth));
+    if (h.has_ecc()) bytes += static_cast<int64_t>(sizeof(v1::GpuHealth::Ecc));
+    if (h.has_remapped_rows()) bytes += static_cast<int64_t>(sizeof(v1::GpuHealth::RemappedRows));
+    bytes += h.nvlinks_size() *
+             (kRepeatedMessageBytes + static_cast<int64_t>(sizeof(v1::GpuHealth::NvLink)));
+    bytes +=
+        h.xids_size() * (kRepeatedMessageBytes + static_cast<int64_t>(sizeof(v1::GpuHealth::Xid)));
+    // The engine's copy (analysis::GpuHealth) and its tracker's entries per Xid code (three maps).
+    bytes += h.nvlinks_size() * static_cast<int64_t>(sizeof(analysis::NvLinkHealth));
+    bytes +=
+        h.xids_size() * (static_cast<int64_t>(sizeof(analysis::XidCount)) + 3 * kMapEntryBytes);
+  }
   return bytes;
 }
 
-int64_t KeptBytes(const v1::HostSample& h) { return StringHeapBytes(h.memory_bandwidth_source()); }
+int64_t KeptBytes(const v1::HostSample& h) {
+  int64_t bytes = StringHeapBytes(h.memory_bandwidth_source());
+  // The view keeps the ports as sent: each message, its strings and its map and list entries.
+  for (const v1::NicPort& port : h.nic_ports()) {
+    bytes += kRepeatedMessageBytes + static_cast<int64_t>(sizeof(v1::NicPort)) +
+             StringHeapBytes(port.device()) + StringHeapBytes(port.link_layer());
+    for (const auto& [name, value] : port.hw_counters()) {
+      bytes += kMapEntryBytes + StringHeapBytes(name);
+    }
+    for (const std::string& reading : port.unavailable()) {
+      bytes += kRepeatedStringBytes + StringHeapBytes(reading);
+    }
+    // The engine's copy (analysis::NicPortHealth) and its tracker's entry for the port (keyed by
+    // the device name, two windows of counter checkpoints).
+    bytes += static_cast<int64_t>(sizeof(analysis::NicPortHealth)) + kMapEntryBytes +
+             2 * StringHeapBytes(port.device()) +
+             2 * static_cast<int64_t>(sizeof(analysis::RiseWindow));
+  }
+  return bytes;
+}
 
 namespace {
 
@@ -172,6 +242,7 @@ void ToProto(const analysis::DeviceEvidence& d, v1::DeviceEvidence* out) {
   STEPWATCH_COPY_SET(d, out, dram_bandwidth_ratio);
   STEPWATCH_COPY_SET(d, out, host_cpu_ratio);
   STEPWATCH_COPY_SET(d, out, host_cpu_median_ratio);
+  for (const std::string& h : d.health) out->add_health(h);
 }
 
 void ToProto(const analysis::Evidence& e, v1::FindingEvidence* out) {
@@ -207,6 +278,8 @@ void ToProto(const analysis::Evidence& e, v1::FindingEvidence* out) {
   for (int r : e.waiting_ranks) out->add_waiting_ranks(r);
   for (int r : e.exited_ranks) out->add_exited_ranks(r);
   for (const analysis::DeviceEvidence& d : e.devices) ToProto(d, out->add_devices());
+  for (const std::string& h : e.health) out->add_health(h);
+  for (const std::string& j : e.jobs_at_risk) out->add_jobs_at_risk(j);
 }
 
 #undef STEPWATCH_COPY_SET
@@ -237,6 +310,7 @@ void ToProto(const analysis::Finding& f, v1::Finding* out) {
   out->set_rank(f.rank);
   out->set_node(f.node);
   out->set_gpu(f.gpu);
+  out->set_device(f.device);
   out->set_since_step(f.since_step);
   out->set_severity(analysis::SeverityName(f.severity));
   out->set_summary(f.summary);

@@ -45,8 +45,14 @@ inline constexpr size_t kMaxNvmlErrorBytes = 4096;  // the error names the NVML 
 inline constexpr size_t kMaxGpuTextBytes = 128;     // a GPU's uuid and name
 inline constexpr int kMaxGpuPids = 1024;            // processes with a context on one GPU
 inline constexpr int kMaxUnavailableMetrics = 32;   // GpuSample.unavailable_metrics entries
+inline constexpr int kMaxGpuNvlinks = 18;           // GpuHealth.nvlinks (NVML_NVLINK_MAX_LINKS)
+inline constexpr int kMaxGpuXids = 16;              // GpuHealth.xids (gpu::kMaxXidCodesPerGpu)
 inline constexpr size_t kMaxMetricTextBytes = 64;   // their keys and values
 inline constexpr size_t kMaxHostTextBytes = 32;     // HostSample.memory_bandwidth_source
+inline constexpr int kMaxNicPorts = 64;             // HostSample.nic_ports
+inline constexpr int kMaxNicHwCounters = 64;        // one port's hw_counters
+inline constexpr int kMaxNicUnavailable = 16;       // one port's unavailable readings
+inline constexpr size_t kMaxNicTextBytes = 64;      // device, link_layer and those names
 
 // A field out of bounds: which (as the fields_refused counter names it, e.g. "boot_id",
 // "gpu_name") and why ("too_long": over its bound, list too long included; "control_character").
@@ -66,7 +72,16 @@ inline constexpr const char* kCheckedFields[] = {"agent_id",
                                                  "gpu_name",
                                                  "gpu_pids",
                                                  "gpu_unavailable_metrics",
-                                                 "host_memory_bandwidth_source"};
+                                                 "gpu_health_nvlinks",
+                                                 "gpu_health_xids",
+                                                 "host_memory_bandwidth_source",
+                                                 "host_nic_ports",
+                                                 "nic_port_device",
+                                                 "nic_port_link_layer",
+                                                 "nic_port_hw_counters",
+                                                 "nic_port_unavailable",
+                                                 "gpu_kubernetes_pod",
+                                                 "step_kubernetes_pod"};
 inline constexpr const char* kFieldProblemReasons[] = {"too_long", "control_character"};
 
 // The batch's identifiers: agent_id, boot_id and node (nullopt when all are within bounds).

@@ -173,6 +173,8 @@ uint32_t DedupeJournal::Crc32c(absl::string_view data) {
 }
 
 DedupeJournal::~DedupeJournal() {
+  // Its last sync uses fd_; requests it does not cover fail (their batches are not acknowledged).
+  if (committer_) committer_->Stop();
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -258,12 +260,18 @@ absl::Status DedupeJournal::Rewrite(const std::vector<Record>& records) {
     ::fsync(dfd);
     ::close(dfd);
   }
-  absl::MutexLock lock(&sync_mu_);
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
-  bytes_ = data.size();
-  written_ += data.size();
-  synced_ = written_;  // the new file was synced whole
+  {
+    absl::MutexLock lock(&sync_mu_);
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+    bytes_ = data.size();
+    written_ += data.size();
+    synced_.store(written_.load());  // the new file was synced whole
+  }
+  if (!committer_ && sync_options_.commit_interval > absl::ZeroDuration()) {
+    committer_ = std::make_unique<GroupCommitter>([this] { return SyncWritten(); },
+                                                  sync_options_.commit_interval);
+  }
   return absl::OkStatus();
 }
 
@@ -276,14 +284,42 @@ absl::StatusOr<uint64_t> DedupeJournal::Append(const Record& record) {
   return written_.load();
 }
 
-absl::Status DedupeJournal::SyncTo(uint64_t position) {
-  absl::MutexLock lock(&sync_mu_);
-  if (synced_ >= position) return absl::OkStatus();
+bool DedupeJournal::Synced(uint64_t position) { return synced_.load() >= position; }
+
+absl::Status DedupeJournal::SyncWrittenLocked() {
   // Everything written before this load is covered by the sync below.
   const uint64_t upto = written_.load();
-  if (::fdatasync(fd_) != 0) return ErrnoStatus("cannot sync", path_);
-  synced_ = std::max(synced_, upto);
+  if (synced_ >= upto) return absl::OkStatus();
+  ++syncs_;
+  const int rc = sync_options_.sync_file ? sync_options_.sync_file(fd_) : ::fdatasync(fd_);
+  if (rc != 0) {
+    ++failed_syncs_;
+    return ErrnoStatus("cannot sync", path_);
+  }
+  synced_.store(std::max(synced_.load(), upto));
   return absl::OkStatus();
+}
+
+absl::Status DedupeJournal::SyncWritten() {
+  absl::MutexLock lock(&sync_mu_);
+  return SyncWrittenLocked();
+}
+
+absl::Status DedupeJournal::SyncTo(uint64_t position) {
+  if (committer_) return Synced(position) ? absl::OkStatus() : committer_->Wait();
+  // Without a committer the first waiter syncs for everyone appended before it; the others wait
+  // on sync_mu_ and find their record covered.
+  absl::MutexLock lock(&sync_mu_);
+  if (synced_ >= position) return absl::OkStatus();
+  return SyncWrittenLocked();
+}
+
+void DedupeJournal::WhenSynced(uint64_t position, GroupCommitter::Done done) {
+  if (committer_ && !Synced(position)) {
+    committer_->Then(std::move(done));
+    return;
+  }
+  done(SyncTo(position));
 }
 
 BatchDeduper::BatchDeduper(DeduperOptions options) : options_(options) {
@@ -340,7 +376,7 @@ BatchDeduper::Result BatchDeduper::Observe(absl::string_view agent_id, absl::str
 
 absl::Status BatchDeduper::OpenJournal() {
   if (options_.journal_path.empty() || journal_) return absl::OkStatus();
-  auto journal = std::make_unique<DedupeJournal>(options_.journal_path);
+  auto journal = std::make_unique<DedupeJournal>(options_.journal_path, options_.journal_sync);
   DedupeJournal::ReadStats stats;
   absl::StatusOr<std::vector<DedupeJournal::Record>> records = journal->Read(&stats);
   if (!records.ok()) return records.status();
@@ -410,6 +446,13 @@ absl::Status BatchDeduper::Commit(absl::string_view agent_id, absl::string_view 
   absl::Status st = appended.ok() ? compacted : appended.status();
   if (!st.ok()) ++journal_errors_;
   return st;
+}
+
+void BatchDeduper::SyncAppended(Sync* sync) const {
+  *sync = Sync();
+  if (!journal_) return;
+  sync->journal_ = journal_.get();
+  sync->position_ = journal_->written();
 }
 
 void BatchDeduper::ForgetAgent(absl::string_view agent_id) {

@@ -8,12 +8,14 @@
 // With a journal file (the collector's --state-dir) the record of applied batches survives the
 // collector: every applied batch is appended and fdatasync'ed before it is acknowledged, and the
 // next process replays the file, so a batch applied just before a crash is not counted again when
-// the agent resends it.
+// the agent resends it. One fdatasync serves every batch appended before it (group commit, at most
+// one per commit interval).
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <string>
@@ -27,8 +29,20 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "collector/group_commit.h"
 
 namespace stepwatch::collector {
+
+// How the journal's appends are made durable.
+struct JournalSyncOptions {
+  // At most one fdatasync per interval, shared by every stream (GroupCommitter); waiting batches
+  // are acknowledged when it ends. Zero: each batch's wait syncs at once, on its own thread (one
+  // fdatasync per batch, shared only by batches appended while an earlier one ran).
+  absl::Duration commit_interval = absl::Milliseconds(10);
+  // Syncs the file's data (tests count calls and inject failures); null: ::fdatasync.
+  std::function<int(int fd)> sync_file;
+};
 
 struct DeduperOptions {
   // Streams (agent_id, boot_id) remembered; the least recently used is forgotten beyond this.
@@ -42,6 +56,7 @@ struct DeduperOptions {
   // as many as the last snapshot held, were appended since: its size stays within about twice the
   // snapshot (bounded by max_streams and max_pending_per_stream) plus this many records.
   size_t compact_after_records = 65536;
+  JournalSyncOptions journal_sync;
 };
 
 // The journal file: a magic header ("SWDEDUP2"), then records of one Observe each (agent_id,
@@ -69,7 +84,8 @@ class DedupeJournal {
     uint64_t damaged_bytes = 0;
   };
 
-  explicit DedupeJournal(std::string path) : path_(std::move(path)) {}
+  explicit DedupeJournal(std::string path, JournalSyncOptions sync = {})
+      : path_(std::move(path)), sync_options_(std::move(sync)) {}
   ~DedupeJournal();
   DedupeJournal(const DedupeJournal&) = delete;
   DedupeJournal& operator=(const DedupeJournal&) = delete;
@@ -77,18 +93,27 @@ class DedupeJournal {
   // The valid records of the file (none when it does not exist), and what was damaged.
   absl::StatusOr<std::vector<Record>> Read(ReadStats* stats) const;
   // Replaces the file by these records (temporary file, fdatasync, rename, directory fsync) and
-  // keeps it open for Append.
+  // keeps it open for Append; the first one starts the committer (with a commit interval).
   absl::Status Rewrite(const std::vector<Record>& records);
   // Appends one record (one write(): a killed process leaves all of it or none) and returns the
-  // position to pass to SyncTo.
+  // position to pass to SyncTo or WhenSynced.
   absl::StatusOr<uint64_t> Append(const Record& record);
-  // fdatasyncs what was appended up to `position`, unless a concurrent caller already did: one
-  // sync serves every batch appended before it (group commit). Thread-safe: called without the
-  // lock that serialises Append and Rewrite.
+  // Returns once what was appended up to `position` is fdatasync'ed, unless a concurrent caller
+  // already did: one sync serves every batch appended before it (group commit). Thread-safe:
+  // called without the lock that serialises Append and Rewrite.
   absl::Status SyncTo(uint64_t position);
+  // SyncTo without waiting: `done` gets its status, on the committer's thread (with a commit
+  // interval) or at once on this one (when already synced, or without an interval, after the
+  // sync).
+  void WhenSynced(uint64_t position, GroupCommitter::Done done);
 
   const std::string& path() const { return path_; }
   uint64_t bytes() const { return bytes_; }
+  // Bytes written so far (a position for SyncTo that covers every record appended).
+  uint64_t written() const { return written_.load(); }
+  // fdatasyncs run for appended records, and those that failed.
+  uint64_t syncs() const { return syncs_.load(); }
+  uint64_t failed_syncs() const { return failed_syncs_.load(); }
 
   static std::string Encode(const Record& record);
   // A record of the first format (for tests of upgrades).
@@ -97,13 +122,26 @@ class DedupeJournal {
   static uint32_t Crc32c(absl::string_view data);
 
  private:
+  // Syncs everything written so far (the committer's sync).
+  absl::Status SyncWritten() ABSL_LOCKS_EXCLUDED(sync_mu_);
+  absl::Status SyncWrittenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_);
+  bool Synced(uint64_t position) ABSL_LOCKS_EXCLUDED(sync_mu_);
+
   std::string path_;
+  const JournalSyncOptions sync_options_;
   absl::Mutex sync_mu_;
   int fd_ = -1;  // replaced only under sync_mu_ (and the owner's lock)
   uint64_t bytes_ = 0;
   // Bytes ever written (rewrites included) and how many of them are known synced.
   std::atomic<uint64_t> written_{0};
-  uint64_t synced_ ABSL_GUARDED_BY(sync_mu_) = 0;
+  // Advanced only under sync_mu_; read without it, so that a stream never waits for a sync under
+  // way to learn that its record is not synced yet.
+  std::atomic<uint64_t> synced_{0};
+  std::atomic<uint64_t> syncs_{0};
+  std::atomic<uint64_t> failed_syncs_{0};
+  // Started by the first Rewrite with a commit interval (before the journal is shared: OpenJournal
+  // publishes it after that Rewrite); stopped before fd_ is closed.
+  std::unique_ptr<GroupCommitter> committer_;
 };
 
 class BatchDeduper {
@@ -129,7 +167,16 @@ class BatchDeduper {
   // fdatasync of its record. Valid while the deduper lives.
   class Sync {
    public:
+    // Blocks until the record is synced.
     absl::Status Wait() const { return journal_ ? journal_->SyncTo(position_) : absl::OkStatus(); }
+    // Calls `done` once the record is synced (DedupeJournal::WhenSynced); at once without one.
+    void Then(GroupCommitter::Done done) const {
+      if (journal_ == nullptr) {
+        done(absl::OkStatus());
+      } else {
+        journal_->WhenSynced(position_, std::move(done));
+      }
+    }
 
    private:
     friend class BatchDeduper;
@@ -143,6 +190,11 @@ class BatchDeduper {
   absl::Status Commit(absl::string_view agent_id, absl::string_view boot_id, uint64_t seq,
                       uint64_t base_seq, Sync* sync);
 
+  // For a duplicate batch: its acknowledgement may cover batches whose records are not synced
+  // yet (sent again on a new stream while the first copy's sync is pending), so it waits for
+  // everything appended so far. Without a journal, or when all is synced: nothing to wait for.
+  void SyncAppended(Sync* sync) const;
+
   // Forgets every stream of `agent_id` (used when its node expires).
   void ForgetAgent(absl::string_view agent_id);
 
@@ -150,6 +202,8 @@ class BatchDeduper {
   // Records appended to the journal since it was last rewritten, and its size.
   size_t journal_records() const { return journal_records_; }
   uint64_t journal_bytes() const { return journal_ ? journal_->bytes() : 0; }
+  // fdatasyncs of appended records (each serves every record appended before it).
+  uint64_t journal_syncs() const { return journal_ ? journal_->syncs() : 0; }
   // Commits that failed to reach the journal.
   uint64_t journal_errors() const { return journal_errors_; }
   // Damaged records skipped when the journal was opened.

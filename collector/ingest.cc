@@ -24,6 +24,27 @@ std::string BadIdentifierMessage(const FieldProblem& bad) {
 }  // namespace
 
 absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch) {
+  BatchDeduper::Sync durable;
+  absl::StatusOr<v1::IngestAck> ack = Apply(batch, &durable);
+  if (ack.ok()) CountJournalSyncError(durable.Wait());
+  return ack;
+}
+
+void CollectorState::CountJournalSyncError(const absl::Status& st) {
+  if (st.ok()) return;
+  absl::MutexLock lock(&mu_);
+  ++counters_.state_save_errors;
+  SyncCounters();
+  // Every waiting batch of a failed sync lands here: logged at powers of two.
+  const uint64_t n = ++journal_sync_errors_;
+  if ((n & (n - 1)) == 0) {
+    SW_LOG_WARNING << "batch deduplication journal (" << n << " unsynced batches): " << st;
+  }
+}
+
+absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch,
+                                                    BatchDeduper::Sync* durable) {
+  *durable = BatchDeduper::Sync();
   if (batch.agent_id().empty() || batch.boot_id().empty() || batch.seq() == 0) {
     CountMalformed("missing_field");
     return absl::InvalidArgumentError("ReportBatch needs agent_id, boot_id and seq >= 1");
@@ -43,6 +64,7 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
   ack.set_boot_id(batch.boot_id());
   ack.set_acked_seq(dedupe.acked_seq);
   if (dedupe.duplicate) {
+    deduper_.SyncAppended(durable);
     ++counters_.duplicate_batches;
     SyncCounters();
     return ack;
@@ -59,24 +81,17 @@ absl::StatusOr<v1::IngestAck> CollectorState::Apply(const v1::ReportBatch& batch
   ApplyRankExits(batch, node_name, now);
   ApplyReleasedJobs(batch, node_name, now);
   // Applied: journaled (with --state-dir) before the acknowledgement, so that a collector killed
-  // from here on does not count this batch again when the agent resends it.
-  BatchDeduper::Sync sync;
-  if (absl::Status st =
-          deduper_.Commit(batch.agent_id(), batch.boot_id(), batch.seq(), batch.base_seq(), &sync);
+  // from here on does not count this batch again when the agent resends it. The caller waits for
+  // `durable` outside mu_: the disk does not hold up other streams, and concurrent batches share
+  // one sync.
+  if (absl::Status st = deduper_.Commit(batch.agent_id(), batch.boot_id(), batch.seq(),
+                                        batch.base_seq(), durable);
       !st.ok()) {
     ++counters_.state_save_errors;
     const uint64_t n = deduper_.journal_errors();
     if ((n & (n - 1)) == 0) SW_LOG_WARNING << "batch deduplication journal (" << n << "): " << st;
   }
   SyncCounters();
-  lock.Release();
-  // Outside mu_: the disk does not hold up other streams, and concurrent batches share one sync.
-  if (absl::Status st = sync.Wait(); !st.ok()) {
-    absl::MutexLock relock(&mu_);
-    ++counters_.state_save_errors;
-    SyncCounters();
-    SW_LOG_WARNING << "batch deduplication journal: " << st;
-  }
   return ack;
 }
 
@@ -99,6 +114,7 @@ void CollectorState::ApplyStep(const v1::StepEvent& event, const std::string& no
   scratch_step_.received_unix_nanos =
       TrustedTime(scratch_step_.received_unix_nanos, now, node_name);
   absl::Status st = engine_.AddValidatedStep(scratch_step_);
+  if (st.ok()) KeepRankPod(event, node_name);
   if (!st.ok()) {
     // Admission charged for what the engine did not take.
     Refund(event.job(), admission);

@@ -87,7 +87,9 @@ bool CollectorState::Charge(int64_t bytes, const char* what) {
 void CollectorState::EraseJob(const std::string& job) {
   auto it = jobs_.find(job);
   if (it == jobs_.end()) return;
-  accounted_bytes_ -= it->second.charged_bytes;
+  accounted_bytes_ -= it->second.charged_bytes;  // its ranks' pods included
+  rank_pods_.EraseJob(job);
+  rank_pods_changed_ = true;
   if (!it->second.opened_by.empty()) {
     auto opened = jobs_opened_.find(it->second.opened_by);
     if (opened != jobs_opened_.end() && --opened->second <= 0) jobs_opened_.erase(opened);

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "collector/pod_index.h"
 #include "metrics/node_metric_table.h"
 
 namespace stepwatch::collector {
@@ -84,6 +85,26 @@ class Builder {
 
 std::string RankLabel(int rank) { return rank < 0 ? "" : absl::StrCat(rank); }
 
+// `labels` with the Kubernetes labels (empty when unknown: every series of the family has them),
+// sorted by name like every collector series.
+Labels WithPod(Labels labels, const PodNames& pod) {
+  labels.push_back({"container", pod.container});
+  labels.push_back({"namespace", pod.namespace_name});
+  labels.push_back({"pod", pod.pod});
+  std::sort(
+      labels.begin(), labels.end(),
+      [](const ClientMetric::Label& x, const ClientMetric::Label& y) { return x.name < y.name; });
+  return labels;
+}
+
+// The rank's pod as its steps name it (not its GPU's: a rank's labels must not depend on which
+// nodes a scrape exports).
+PodNames RankPod(const StateSnapshot& s, const std::string& job, int rank) {
+  if (s.rank_pods == nullptr) return {};
+  const PodNames* p = s.rank_pods->OfRank(job, rank);
+  return p == nullptr ? PodNames{} : *p;
+}
+
 void AddJobs(const StateSnapshot& s, Builder* b) {
   b->SetGroup("job");
   for (const analysis::JobSnapshot& j : s.jobs) {
@@ -140,7 +161,8 @@ void AddJobs(const StateSnapshot& s, Builder* b) {
 void AddRanks(const StateSnapshot& s, bool flagged, Builder* b) {
   b->SetGroup("rank");
   for (const auto& [job, r] : s.top_ranks) {
-    const Labels labels{{"job", job}, {"node", r.node}, {"rank", RankLabel(r.rank)}};
+    const Labels labels = WithPod({{"job", job}, {"node", r.node}, {"rank", RankLabel(r.rank)}},
+                                  RankPod(s, job, r.rank));
     if (flagged) {
       if (r.straggler) {
         b->Gauge("stepwatch_straggler",
@@ -174,28 +196,35 @@ void AddFindings(const StateSnapshot& s, const MetricsOptions& o, Builder* b) {
              {{"job", job}, {"kind", kind}, {"severity", severity}}, n);
   }
   int finding_series = 0;
+  const GpuPodLookup gpu_pods = GpuPodsOf(s.nodes);
   for (const analysis::Finding& f : s.findings) {
+    const PodNames pod = AttributeFinding(f, s.rank_pods.get(), gpu_pods);
     if (f.kind == analysis::FindingKind::kUnderutilizedGpu) {
       b->Gauge("stepwatch_gpu_underutilized", "1 while the GPU is flagged underutilized.",
-               {{"gpu", RankLabel(f.gpu)}, {"job", f.job}, {"node", f.node}}, 1);
+               WithPod({{"gpu", RankLabel(f.gpu)}, {"job", f.job}, {"node", f.node}}, pod), 1);
     }
     if (finding_series >= o.max_finding_series) {
       b->Drop("finding");
       continue;
     }
     ++finding_series;
-    b->Gauge("stepwatch_finding",
-             "1 per active finding (bounded in number); cause is the primary cause, stage the "
-             "pipeline stage (empty when none).",
-             {{"cause", analysis::CauseName(f.cause)},
-              {"gpu", RankLabel(f.gpu)},
-              {"job", f.job},
-              {"kind", analysis::FindingKindName(f.kind)},
-              {"node", f.node},
-              {"rank", RankLabel(f.rank)},
-              {"severity", analysis::SeverityName(f.severity)},
-              {"stage", RankLabel(f.stage)}},
-             1);
+    b->Gauge(
+        "stepwatch_finding",
+        "1 per active finding (bounded in number); cause is the primary cause, device the network "
+        "port of a nic_health finding (empty otherwise), stage the "
+        "pipeline stage (empty when none); namespace, pod and container the Kubernetes pod "
+        "it is about (empty when unknown or not one).",
+        WithPod({{"cause", analysis::CauseName(f.cause)},
+                 {"device", f.device},
+                 {"gpu", RankLabel(f.gpu)},
+                 {"job", f.job},
+                 {"kind", analysis::FindingKindName(f.kind)},
+                 {"node", f.node},
+                 {"rank", RankLabel(f.rank)},
+                 {"severity", analysis::SeverityName(f.severity)},
+                 {"stage", RankLabel(f.stage)}},
+                pod),
+        1);
   }
 }
 
@@ -203,13 +232,20 @@ void AddFindings(const StateSnapshot& s, const MetricsOptions& o, Builder* b) {
 // node and the metric's own labels, sorted by name like every collector series.
 template <typename Metric, typename Sample>
 void AddTableSeries(const Metric& m, const std::string& name, const Sample& sample,
-                    const std::string& node, const std::string& gpu, Builder* b) {
+                    const std::string& node, const std::string& gpu, Builder* b,
+                    const v1::KubernetesPod* pod = nullptr) {
   metrics::ForEachSeries(m, sample, [&](const std::vector<std::string>& values, double value) {
     Labels labels;
     if (!gpu.empty()) labels.push_back({"gpu", gpu});
     labels.push_back({"node", node});
     for (size_t i = 0; i < values.size(); ++i) labels.push_back({m.labels[i], values[i]});
-    if (!values.empty()) {
+    if (pod != nullptr) {
+      // A GPU's series: its pod's names, empty when it is in none.
+      labels.push_back({"container", pod->container()});
+      labels.push_back({"namespace", pod->namespace_()});
+      labels.push_back({"pod", pod->pod()});
+    }
+    if (!values.empty() || pod != nullptr) {
       std::sort(labels.begin(), labels.end(),
                 [](const ClientMetric::Label& x, const ClientMetric::Label& y) {
                   return x.name < y.name;
@@ -274,7 +310,7 @@ void AddGpuMetrics(const std::vector<ExportedNode>& nodes, metrics::Importance i
           // Only counted: building 100,000s of label sets to drop them would slow every scrape.
           b->DropCurrent(metrics::SeriesCount(m, g));
         } else {
-          AddTableSeries(m, name, g, e.view->node, absl::StrCat(g.index()), b);
+          AddTableSeries(m, name, g, e.view->node, absl::StrCat(g.index()), b, &g.kubernetes_pod());
         }
       }
     }

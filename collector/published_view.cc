@@ -115,6 +115,7 @@ StateSnapshot CopySnapshot(const PublishedView& view, NodeScope scope, int64_t n
   s.nodes_tracked = published.nodes_tracked;
   s.memory_budget_bytes = published.memory_budget_bytes;
   s.detector_timings = published.detector_timings;
+  s.rank_pods = published.rank_pods;
   std::vector<uint32_t> picked;
   const std::vector<NodeView>& nodes = published.nodes;
   for (const auto& [name, involved] : InvolvedNodes(published.findings)) {

@@ -19,6 +19,8 @@
 
 namespace stepwatch::collector {
 
+class PodIndex;  // collector/pod_index.h
+
 // The last known state of one node (one agent).
 struct NodeView {
   std::string node;
@@ -126,6 +128,9 @@ struct StateSnapshot {
   uint64_t report_save_errors = 0;
   // Cumulative time the engine spent in each detector.
   std::map<std::string, analysis::DetectorTiming> detector_timings;
+  // The pod of each rank whose steps name one (shared between views until it changes); null:
+  // none known.
+  std::shared_ptr<const PodIndex> rank_pods;
 };
 
 // What readers see: built at the end of each Tick() and never changed after it is published.

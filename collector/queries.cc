@@ -7,9 +7,21 @@
 
 #include "absl/strings/str_cat.h"
 #include "collector/convert.h"
+#include "collector/pod_index.h"
 #include "common/log.h"
 
 namespace stepwatch::collector {
+namespace {
+
+// A finding as answered: with its Kubernetes pod when known.
+void FindingToProto(const PublishedView& view, const GpuPodLookup& gpus, const analysis::Finding& f,
+                    v1::Finding* out) {
+  ToProto(f, out);
+  const PodNames pod = AttributeFinding(f, view.snapshot.rank_pods.get(), gpus);
+  if (!pod.empty()) SetKubernetesPod(pod, out->mutable_kubernetes_pod());
+}
+
+}  // namespace
 
 v1::StatusResponse StatusAnswer(const PublishedView& view, int64_t max_answer_bytes) {
   v1::StatusResponse out;
@@ -44,6 +56,7 @@ v1::StatusResponse StatusAnswer(const PublishedView& view, int64_t max_answer_by
       if (g.has_memory_used_bytes()) gs->set_memory_used_bytes(g.memory_used_bytes());
       if (g.has_memory_total_bytes()) gs->set_memory_total_bytes(g.memory_total_bytes());
       *gs->mutable_pids() = g.pids();
+      if (g.has_kubernetes_pod()) *gs->mutable_kubernetes_pod() = g.kubernetes_pod();
     }
     bytes += ns->ByteSizeLong() + 8;  // and its tag and length
   }
@@ -60,6 +73,7 @@ v1::FindingsResponse FindingsAnswer(const PublishedView& view, absl::string_view
   // Ordered by job, kind, rank: beyond max_answer_bytes the rest are left out (and logged).
   size_t bytes = 0;
   size_t omitted = 0;
+  const GpuPodLookup gpus = GpuPodsOf(view.snapshot.nodes);
   for (const analysis::Finding& f : view.snapshot.findings) {
     if (!job.empty() && f.job != job) continue;
     if (bytes > static_cast<size_t>(std::max<int64_t>(0, max_answer_bytes))) {
@@ -67,7 +81,7 @@ v1::FindingsResponse FindingsAnswer(const PublishedView& view, absl::string_view
       continue;
     }
     v1::Finding* out_f = out.add_findings();
-    ToProto(f, out_f);
+    FindingToProto(view, gpus, f, out_f);
     bytes += out_f->ByteSizeLong() + 8;
   }
   if (omitted > 0) {
@@ -89,10 +103,11 @@ absl::StatusOr<v1::ExplainResponse> ExplainAnswer(const PublishedView& view,
     return absl::NotFoundError(absl::StrCat("no job named \"", job, "\""));
   }
   int count = 0;
+  const GpuPodLookup gpus = GpuPodsOf(view.snapshot.nodes);
   for (const analysis::Finding& f : view.snapshot.findings) {
     if (f.job != job) continue;
     ++count;
-    ToProto(f, out.add_findings());
+    FindingToProto(view, gpus, f, out.add_findings());
   }
   ToProto(*snap, count, out.mutable_job());
   // Unknown (no rank reported how its step splits) stays unknown: empty maps, not 100% compute.
@@ -109,7 +124,13 @@ absl::StatusOr<v1::ExplainResponse> ExplainAnswer(const PublishedView& view,
     out.set_scaling_efficiency_ratio(*snap->scaling_efficiency_ratio);
   }
   if (auto ranks = view.ranks.find(job); ranks != view.ranks.end()) {
-    for (const analysis::RankSnapshot& r : *ranks->second) ToProto(r, out.add_ranks());
+    const PodIndex* pods = view.snapshot.rank_pods.get();
+    for (const analysis::RankSnapshot& r : *ranks->second) {
+      v1::RankRow* row = out.add_ranks();
+      ToProto(r, row);
+      const PodNames* pod = pods == nullptr ? nullptr : pods->OfRank(job, r.rank);
+      if (pod != nullptr) SetKubernetesPod(*pod, row->mutable_kubernetes_pod());
+    }
   }
   return out;
 }

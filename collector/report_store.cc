@@ -35,9 +35,14 @@ uint64_t Fnv1a64(absl::string_view s) {
 }
 
 // Keeps what changes while a finding lasts up to date; its identity and start stay.
-void Refresh(const analysis::Finding& f, v1::Finding* entry) {
+void Refresh(const analysis::Finding& f, const FindingAttribution& attribute, v1::Finding* entry) {
   v1::Finding fresh;
   ToProto(f, &fresh);
+  // The pod last known: a pod seen once stays in the report after the job's pods are gone.
+  if (attribute) {
+    const PodNames pod = attribute(f);
+    if (!pod.empty()) SetKubernetesPod(pod, entry->mutable_kubernetes_pod());
+  }
   entry->set_severity(fresh.severity());
   entry->set_summary(fresh.summary());
   entry->set_persistent(fresh.persistent());
@@ -207,7 +212,7 @@ void ReportStore::LoadRunning(int64_t now) {
 
 void ReportStore::Observe(const analysis::JobSnapshot& job,
                           const std::vector<analysis::Finding>& active, const JobSpan& span,
-                          int64_t now) {
+                          int64_t now, const FindingAttribution& attribute) {
   absl::MutexLock lock(&mu_);
   auto it = running_.find(job.job);
   if (it == running_.end()) {
@@ -227,13 +232,14 @@ void ReportStore::Observe(const analysis::JobSnapshot& job,
     gap->set_before_step(span.first_step >= 0 ? span.first_step : job.last_step);
     gap->set_to_unix_nanos(now);
   }
-  Update(&t, job, active, span, now);
+  Update(&t, job, active, span, now, attribute);
 }
 
 void ReportStore::Finish(const analysis::JobSnapshot& job,
                          const std::vector<analysis::Finding>& active, const JobSpan& span,
-                         absl::string_view reason, int64_t now) {
-  Observe(job, active, span, now);
+                         absl::string_view reason, int64_t now,
+                         const FindingAttribution& attribute) {
+  Observe(job, active, span, now, attribute);
   absl::MutexLock lock(&mu_);
   auto it = running_.find(job.job);
   Tracked& t = it->second;
@@ -255,7 +261,7 @@ void ReportStore::Forget(absl::string_view job) {
 
 void ReportStore::Update(Tracked* t, const analysis::JobSnapshot& job,
                          const std::vector<analysis::Finding>& active, const JobSpan& span,
-                         int64_t now) {
+                         int64_t now, const FindingAttribution& attribute) {
   v1::JobReport& r = t->report;
   if (job.world_size > 0) r.set_world_size(job.world_size);
   r.set_last_step(std::max(r.last_step(), job.last_step));
@@ -293,13 +299,17 @@ void ReportStore::Update(Tracked* t, const analysis::JobSnapshot& job,
   absl::flat_hash_set<FindingKey> seen;
   for (const analysis::Finding& f : active) {
     if (f.job != job.job) continue;
-    FindingKey key(analysis::FindingKindName(f.kind), f.rank, f.node, f.gpu, f.stage);
+    FindingKey key(analysis::FindingKindName(f.kind), f.rank, f.node, f.gpu, f.stage, f.device);
     auto found = t->active.find(key);
     if (found != t->active.end()) {
-      if (found->second >= 0) Refresh(f, r.mutable_findings(found->second));
+      if (found->second >= 0) Refresh(f, attribute, r.mutable_findings(found->second));
     } else {
       v1::Finding entry;
       ToProto(f, &entry);
+      if (attribute) {
+        const PodNames pod = attribute(f);
+        if (!pod.empty()) SetKubernetesPod(pod, entry.mutable_kubernetes_pod());
+      }
       entry.set_job(job.job);
       r.set_finding_count(r.finding_count() + 1);
       // A finding dropped for want of room is remembered (as -1) so it is counted only once.

@@ -26,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "analysis/engine.h"
+#include "collector/pod_index.h"
 #include "stepwatch/v1/stepwatch.pb.h"
 
 namespace stepwatch::collector {
@@ -72,13 +73,15 @@ class ReportStore {
 
   // A running job's latest snapshot and its active findings (those of other jobs are ignored):
   // new findings open entries, findings gone since the previous call are closed at the job's
-  // last step.
+  // last step. `attribute` (when set) gives each finding's Kubernetes pod.
   void Observe(const analysis::JobSnapshot& job, const std::vector<analysis::Finding>& active,
-               const JobSpan& span, int64_t now_unix_nanos);
+               const JobSpan& span, int64_t now_unix_nanos,
+               const FindingAttribution& attribute = nullptr);
   // The job ended (`reason`: "exited" or "expired"): its findings as last seen are recorded and
   // closed at its last step, and the report is kept (and queued for writing).
   void Finish(const analysis::JobSnapshot& job, const std::vector<analysis::Finding>& active,
-              const JobSpan& span, absl::string_view reason, int64_t now_unix_nanos);
+              const JobSpan& span, absl::string_view reason, int64_t now_unix_nanos,
+              const FindingAttribution& attribute = nullptr);
   // The job moved to other collectors: its running report is dropped, not kept (they hold the
   // job's whole life; this collector saw a part of it).
   void Forget(absl::string_view job);
@@ -110,7 +113,8 @@ class ReportStore {
 
  private:
   // (kind, rank, node, gpu, stage): what makes two findings the same.
-  using FindingKey = std::tuple<std::string, int, std::string, int, int>;
+  // (kind, rank, node, gpu, stage, device).
+  using FindingKey = std::tuple<std::string, int, std::string, int, int, std::string>;
   struct Tracked {
     v1::JobReport report;
     // Active findings -> their position in report.findings.
@@ -124,8 +128,8 @@ class ReportStore {
   };
 
   void Update(Tracked* t, const analysis::JobSnapshot& job,
-              const std::vector<analysis::Finding>& active, const JobSpan& span, int64_t now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+              const std::vector<analysis::Finding>& active, const JobSpan& span, int64_t now,
+              const FindingAttribution& attribute) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends a finding entry, dropping the oldest cleared one when full; false when full of
   // active findings (the new one is dropped and counted).
   bool Append(Tracked* t, const v1::Finding& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -105,20 +105,25 @@ class ReportReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       SW_LOG_INFO << "agent connected: agent_id=" << agent_id_ << " node=" << node_
                   << " boot_id=" << batch->boot_id() << " peer=" << peer_;
     }
-    absl::StatusOr<v1::IngestAck> ack = state_->Apply(*batch);
+    BatchDeduper::Sync durable;
+    absl::StatusOr<v1::IngestAck> ack = state_->Apply(*batch, &durable);
     if (!ack.ok()) {
       SW_LOG_WARNING << "rejecting ingest stream from " << peer_ << ": " << ack.status();
       Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(ack.status().message())));
       return;
     }
-    bool own_buffer = false;
-    if (grpc::Status st =
-            grpc::SerializationTraits<v1::IngestAck>::Serialize(*ack, &response_, &own_buffer);
-        !st.ok()) {
-      Finish(grpc::Status(grpc::StatusCode::INTERNAL, "cannot encode the acknowledgement"));
-      return;
-    }
-    StartWrite(&response_);
+    // The acknowledgement goes out only after the sync that covers the batch's journal record
+    // (with --state-dir): from the journal's committer thread, so that no gRPC thread waits for
+    // the disk; at once without a journal. Nothing else of this stream is outstanding meanwhile.
+    durable.Then([this, ack = *std::move(ack)](absl::Status synced) {
+      if (absl::IsCancelled(synced)) {
+        // The journal closed before its sync: unacknowledged, the batch is resent.
+        Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the collector is stopping"));
+        return;
+      }
+      state_->CountJournalSyncError(synced);
+      SendAck(ack);
+    });
   }
 
   void OnWriteDone(bool ok) override {
@@ -142,6 +147,17 @@ class ReportReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   }
 
  private:
+  void SendAck(const v1::IngestAck& ack) {
+    bool own_buffer = false;
+    if (grpc::Status st =
+            grpc::SerializationTraits<v1::IngestAck>::Serialize(ack, &response_, &own_buffer);
+        !st.ok()) {
+      Finish(grpc::Status(grpc::StatusCode::INTERNAL, "cannot encode the acknowledgement"));
+      return;
+    }
+    StartWrite(&response_);
+  }
+
   // Ends the stream for a batch that cannot be applied (already counted).
   void Refuse(grpc::StatusCode code, const std::string& why) {
     uint64_t suppressed = 0;

@@ -126,14 +126,15 @@ void CollectorState::ObserveReports(const std::vector<analysis::JobSnapshot>& jo
   const std::vector<analysis::Finding> none;
   for (const analysis::JobSnapshot& job : jobs) {
     auto found = by_job.find(job.job);
-    reports_.Observe(job, found == by_job.end() ? none : found->second, SpanOf(job.job), now);
+    reports_.Observe(job, found == by_job.end() ? none : found->second, SpanOf(job.job), now,
+                     AttributionNow());
   }
 }
 
 void CollectorState::FinishReport(const analysis::JobSnapshot& job,
                                   const std::vector<analysis::Finding>& findings,
                                   const char* reason, int64_t now) {
-  reports_.Finish(job, findings, SpanOf(job.job), reason, now);
+  reports_.Finish(job, findings, SpanOf(job.job), reason, now, AttributionNow());
 }
 
 JobSpan CollectorState::SpanOf(const std::string& job) const {
@@ -172,6 +173,7 @@ void CollectorState::AdvanceExpireAndPublish(int64_t now) {
     SyncCounters();
     s.memory_accounted_bytes = accounted_bytes_;
     s.detector_timings = engine_.DetectorTimings();
+    s.rank_pods = PublishedRankPods();
     view->build_locked_nanos = NanosSince(build_at);
   }
   view->tick_locked_nanos = NanosSince(locked_at);

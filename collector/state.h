@@ -25,6 +25,7 @@
 #include "collector/convert.h"
 #include "collector/dedupe.h"
 #include "collector/memory_budget.h"
+#include "collector/pod_index.h"
 #include "collector/published_view.h"
 #include "collector/report_store.h"
 #include "common/clock.h"
@@ -80,8 +81,17 @@ class CollectorState {
   // Applies one batch (unless it is a duplicate) and returns the acknowledgement to send. Its
   // steps go to the engine first, then its samples, then its rank exits: a job whose reporting
   // ranks have all exited has finished and is forgotten at once (logged once).
-  // InvalidArgument when the batch lacks agent_id, boot_id or seq.
-  absl::StatusOr<v1::IngestAck> Apply(const v1::ReportBatch& batch);
+  // InvalidArgument when the batch lacks agent_id, boot_id or seq. Returns once the batch's
+  // journal record (with a journal) is synced.
+  absl::StatusOr<v1::IngestAck> Apply(const v1::ReportBatch& batch) ABSL_LOCKS_EXCLUDED(mu_);
+  // Apply without waiting for the journal: the acknowledgement may be sent only once `durable`
+  // resolves (Wait or Then, outside any lock; then CountJournalSyncError with its status).
+  absl::StatusOr<v1::IngestAck> Apply(const v1::ReportBatch& batch, BatchDeduper::Sync* durable)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts and logs (at powers of two) a batch whose journal record could not be synced; nothing
+  // for OK. Its acknowledgement still goes out (deduplication goes on in memory), unless the sync
+  // was Cancelled (the journal closed first).
+  void CountJournalSyncError(const absl::Status& st) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Runs the engine's time-driven parts, expires jobs and nodes unseen for `expire`, and publishes
   // the view that Snapshot(), Status(), Findings() and Explain() answer from until the next Tick.
@@ -176,6 +186,14 @@ class CollectorState {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyReleasedJobs(const v1::ReportBatch& batch, const std::string& node_name, int64_t now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Kubernetes attribution (rank_pods.cc): keeps the pod an admitted step names for its rank
+  // (bounded, charged to the job), and what findings are labelled with.
+  void KeepRankPod(const v1::StepEvent& event, const std::string& node_name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rank pods as of now, copied only when they changed since the last call.
+  std::shared_ptr<const PodIndex> PublishedRankPods() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A finding's pod, from the ranks' pods and the nodes' last GPU samples.
+  FindingAttribution AttributionNow() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Admission (admission.cc).
   // Not admitted (counted) when the step would exceed a limit or the memory budget, or when its
@@ -257,8 +275,13 @@ class CollectorState {
   mutable absl::Mutex mu_;
   analysis::Engine engine_ ABSL_GUARDED_BY(mu_);
   BatchDeduper deduper_ ABSL_GUARDED_BY(mu_);
+  uint64_t journal_sync_errors_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, JobTrack> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, NodeTrack> nodes_ ABSL_GUARDED_BY(mu_);
+  // The pod of each rank whose steps name one; copied into the view when it changed.
+  PodIndex rank_pods_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const PodIndex> published_rank_pods_ ABSL_GUARDED_BY(mu_);
+  bool rank_pods_changed_ ABSL_GUARDED_BY(mu_) = false;
   CollectorCounters counters_ ABSL_GUARDED_BY(mu_);
   LogRateLimiter skew_log_limiter_{3, std::chrono::minutes(1)};
   LogRateLimiter memory_log_limiter_{3, std::chrono::minutes(1)};

@@ -18,6 +18,10 @@ namespace {
 
 std::string RankOrDash(int32_t v) { return v < 0 ? "-" : absl::StrCat(v); }
 
+bool Named(const v1::KubernetesPod& pod) {
+  return !pod.namespace_().empty() || !pod.pod().empty() || !pod.container().empty();
+}
+
 // The job's named sections (its order), then any a row has that the job does not list.
 std::vector<std::string> SectionNames(const v1::ExplainResponse& e) {
   std::vector<std::string> names(e.job().section_names().begin(), e.job().section_names().end());
@@ -188,13 +192,45 @@ std::string FormatFindings(const v1::FindingsResponse& findings) {
   if (findings.findings().empty()) return "No active findings.\n";
   std::vector<std::vector<std::string>> rows = {
       {"SEVERITY", "KIND", "JOB", "RANK", "NODE", "GPU", "SINCE STEP", "CAUSE", "SUMMARY"}};
+  std::vector<const v1::KubernetesPod*> pods;
   for (const v1::Finding& f : findings.findings()) {
     rows.push_back({f.severity(), f.kind(), f.job().empty() ? "-" : f.job(), RankOrDash(f.rank()),
-                    f.node().empty() ? "-" : f.node(), RankOrDash(f.gpu()),
+                    f.node().empty() ? "-" : f.node(),
+                    // A network port's finding names the port where a GPU's names the GPU.
+                    f.device().empty() ? RankOrDash(f.gpu()) : f.device(),
                     absl::StrCat(f.since_step(), f.persistent() ? "" : " (transient)"),
                     f.cause().empty() ? "-" : f.cause(), f.summary()});
+    pods.push_back(&f.kubernetes_pod());
   }
+  AddPodColumns(pods, &rows);
   return FormatTable(rows);
+}
+
+std::string PodCell(const v1::KubernetesPod& pod) {
+  if (pod.namespace_().empty() && pod.pod().empty()) return "-";
+  return absl::StrCat(pod.namespace_().empty() ? "-" : pod.namespace_(), "/",
+                      pod.pod().empty() ? "-" : pod.pod());
+}
+
+std::string ContainerCell(const v1::KubernetesPod& pod) {
+  return pod.container().empty() ? "-" : pod.container();
+}
+
+void AddPodColumns(const std::vector<const v1::KubernetesPod*>& pods,
+                   std::vector<std::vector<std::string>>* rows) {
+  if (std::none_of(pods.begin(), pods.end(),
+                   [](const v1::KubernetesPod* p) { return Named(*p); })) {
+    return;
+  }
+  // Before the last column (the summary or the bar), which is the one allowed to run long.
+  auto insert = [](std::vector<std::string>* row, std::string pod, std::string container) {
+    const auto at = row->empty() ? row->end() : row->end() - 1;
+    row->insert(row->insert(at, std::move(pod)) + 1, std::move(container));
+  };
+  insert(&(*rows)[0], "POD", "CONTAINER");
+  for (size_t i = 0; i < pods.size() && i + 1 < rows->size(); ++i) {
+    insert(&(*rows)[i + 1], PodCell(*pods[i]), ContainerCell(*pods[i]));
+  }
 }
 
 namespace {
@@ -401,7 +437,9 @@ std::string FormatExplain(const v1::ExplainResponse& e, const ExplainFormatOptio
         "\nRanks (medians over recent steps; busy = data + compute; bar = busy time, ! = "
         "straggler)\n";
     rows = {{" ", "RANK", "NODE", "GPU", "BUSY", "COMPUTE", "DATA", "COMM", "VS MEDIAN", ""}};
+    std::vector<const v1::KubernetesPod*> pods;
     for (const v1::RankRow* r : shown) {
+      pods.push_back(&r->kubernetes_pod());
       rows.push_back({r->straggler() ? "!" : " ", absl::StrCat(r->rank()),
                       r->node().empty() ? "-" : r->node(), RankOrDash(r->gpu()),
                       FormatDuration(r->busy_seconds()), FormatDuration(r->compute_seconds()),
@@ -411,6 +449,7 @@ std::string FormatExplain(const v1::ExplainResponse& e, const ExplainFormatOptio
                           : "-",
                       Bar(max_busy > 0 ? r->busy_seconds() / max_busy : 0, options.bar_width)});
     }
+    AddPodColumns(pods, &rows);
     out += FormatTable(rows);
     if (hidden > 0) {
       absl::StrAppend(&out, "  ... ", hidden, " more ranks closer to the median not shown\n");
@@ -426,6 +465,10 @@ std::string FormatExplain(const v1::ExplainResponse& e, const ExplainFormatOptio
       absl::StrAppend(&out, "  [", f.severity(), "] ", f.kind(), " since step ", f.since_step(),
                       ": ", f.summary(), "\n");
       if (!f.cause().empty()) absl::StrAppend(&out, "      cause: ", f.cause(), "\n");
+      if (Named(f.kubernetes_pod())) {
+        absl::StrAppend(&out, "      pod: ", PodCell(f.kubernetes_pod()), " container ",
+                        ContainerCell(f.kubernetes_pod()), "\n");
+      }
       absl::StrAppend(&out, FormatEvidence(f.evidence()));
       if (!f.action().empty()) absl::StrAppend(&out, "      action: ", f.action(), "\n");
     }

@@ -22,6 +22,13 @@ std::string Bar(double fraction, int width);
 // Renders rows as left-aligned columns separated by two spaces (the last column is not padded, so
 // it may hold multi-byte text such as bars).
 std::string FormatTable(const std::vector<std::vector<std::string>>& rows);
+// A Kubernetes pod as "NAMESPACE/POD" ("-" where unknown), and its container ("-" when unknown).
+std::string PodCell(const v1::KubernetesPod& pod);
+std::string ContainerCell(const v1::KubernetesPod& pod);
+// Adds POD and CONTAINER columns to `rows` (a header and one row per entry of `pods`) when any
+// of `pods` names one: off Kubernetes the tables stay as they were.
+void AddPodColumns(const std::vector<const v1::KubernetesPod*>& pods,
+                   std::vector<std::vector<std::string>>* rows);
 
 // The jobs table alone (stepwatchctl status JOB).
 std::string FormatJobs(const v1::StatusResponse& status);

@@ -121,6 +121,9 @@ std::string Caveats(const v1::JobReport& r) {
   return out;
 }
 
+// A name as JSON: null when empty (unknown).
+std::string OrNull(const std::string& s) { return s.empty() ? "null" : json::Quote(s); }
+
 std::string FindingJson(const v1::Finding& f) {
   std::vector<std::string> causes;
   for (const std::string& c : f.causes()) causes.push_back(json::Quote(c));
@@ -128,8 +131,12 @@ std::string FindingJson(const v1::Finding& f) {
       {"kind", json::Quote(f.kind())},
       {"rank", absl::StrCat(f.rank())},
       {"node", json::Quote(f.node())},
+      {"device", json::Quote(f.device())},
       {"gpu", absl::StrCat(f.gpu())},
       {"stage", absl::StrCat(f.stage())},
+      {"namespace", OrNull(f.kubernetes_pod().namespace_())},
+      {"pod", OrNull(f.kubernetes_pod().pod())},
+      {"container", OrNull(f.kubernetes_pod().container())},
       {"cause", json::Quote(f.cause())},
       {"causes", absl::StrCat("[", absl::StrJoin(causes, ", "), "]")},
       {"severity", json::Quote(f.severity())},
@@ -277,7 +284,9 @@ std::string FormatReport(const v1::JobReport& r) {
   }
   std::vector<std::vector<std::string>> rows = {
       {"SEVERITY", "KIND", "RANK", "NODE", "GPU", "CAUSE", "STEPS", "SUMMARY"}};
+  std::vector<const v1::KubernetesPod*> pods;
   for (const v1::Finding& f : r.findings()) {
+    pods.push_back(&f.kubernetes_pod());
     rows.push_back({f.severity(), f.kind(), DashIfNegative(f.rank()),
                     f.node().empty() ? "-" : f.node(), DashIfNegative(f.gpu()),
                     f.cause().empty() ? "-" : f.cause(),
@@ -285,6 +294,7 @@ std::string FormatReport(const v1::JobReport& r) {
                                  f.until_step() < 0 ? "(active)" : absl::StrCat(f.until_step())),
                     f.summary()});
   }
+  AddPodColumns(pods, &rows);
   out += FormatTable(rows);
   return out;
 }

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstring>
 #include <initializer_list>
-#include <map>
 #include <optional>
 #include <utility>
 
@@ -14,8 +13,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/log.h"
+#include "gpu/gpu_health.h"
 #include "gpu/nvml_abi.h"
 #include "gpu/nvml_decode.h"
+#include "gpu/nvml_symbols.h"
+#include "gpu/unavailable_readings.h"
 
 namespace stepwatch::gpu {
 namespace {
@@ -53,18 +55,6 @@ struct NvmlApi {
   nvml::GpmMetricsGetFn gpm_metrics_get = nullptr;
 };
 
-// Resolves the first of `names` that the library exports (newest version first).
-template <typename Fn>
-void Resolve(void* handle, Fn* out, std::initializer_list<const char*> names) {
-  for (const char* name : names) {
-    if (void* sym = dlsym(handle, name)) {
-      *out = reinterpret_cast<Fn>(sym);
-      return;
-    }
-  }
-  *out = nullptr;
-}
-
 // A process-list entry point and the entry size it writes on this driver.
 struct ProcessEntryPoint {
   nvml::DeviceGetProcessesFn fn;
@@ -73,20 +63,7 @@ struct ProcessEntryPoint {
 };
 
 // Why a reading is missing, as exported in GpuSample.unavailable_metrics.
-const char* ReasonOf(nvml::Return rc) {
-  switch (rc) {
-    case nvml::kErrorNotSupported:
-      return "not_supported";
-    case nvml::kErrorNoPermission:
-      return "no_permission";
-    case nvml::kErrorFunctionNotFound:
-      return "missing_entry_point";
-    case nvml::kErrorGpuIsLost:
-      return "gpu_lost";
-    default:
-      return "error";
-  }
-}
+const char* ReasonOf(nvml::Return rc) { return UnavailableReason(rc); }
 
 constexpr double kKiB = 1024.0;
 constexpr unsigned int kMaxGpus = 1024;
@@ -117,8 +94,7 @@ struct DeviceState {
   unsigned long long nvlink_rx_kib = 0;
   int64_t nvlink_time_us = 0;
 
-  // Reading -> the reason last logged for it, so that each is logged once per reason.
-  std::map<std::string, std::string> logged_reasons;
+  UnavailableReadings unavailable;
 };
 
 class NvmlGpuSource : public GpuSource {
@@ -137,6 +113,7 @@ class NvmlGpuSource : public GpuSource {
       }
     }
     devices_.clear();
+    health_.reset();  // Frees its NVML event set, before nvmlShutdown.
     if (initialized_ && api_.shutdown != nullptr) api_.shutdown();
     if (handle_ != nullptr) dlclose(handle_);
   }
@@ -194,44 +171,46 @@ class NvmlGpuSource : public GpuSource {
                             why != nullptr ? why : "unknown dlopen error");
       return;
     }
-    Resolve(handle_, &api_.init, {"nvmlInit_v2", "nvmlInit"});
-    Resolve(handle_, &api_.shutdown, {"nvmlShutdown"});
-    Resolve(handle_, &api_.error_string, {"nvmlErrorString"});
-    Resolve(handle_, &api_.system_get_driver_version, {"nvmlSystemGetDriverVersion"});
-    Resolve(handle_, &api_.system_get_nvml_version, {"nvmlSystemGetNVMLVersion"});
-    Resolve(handle_, &api_.device_get_count, {"nvmlDeviceGetCount_v2", "nvmlDeviceGetCount"});
-    Resolve(handle_, &api_.device_get_handle_by_index,
-            {"nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex"});
-    Resolve(handle_, &api_.device_get_name, {"nvmlDeviceGetName"});
-    Resolve(handle_, &api_.device_get_uuid, {"nvmlDeviceGetUUID"});
-    Resolve(handle_, &api_.device_get_utilization_rates, {"nvmlDeviceGetUtilizationRates"});
-    Resolve(handle_, &api_.device_get_memory_info, {"nvmlDeviceGetMemoryInfo"});
-    Resolve(handle_, &api_.device_get_clock_info, {"nvmlDeviceGetClockInfo"});
-    Resolve(handle_, &api_.device_get_max_clock_info, {"nvmlDeviceGetMaxClockInfo"});
-    Resolve(handle_, &api_.device_get_power_usage, {"nvmlDeviceGetPowerUsage"});
-    Resolve(handle_, &api_.device_get_power_limit,
-            {"nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"});
+    ResolveNvmlSymbol(handle_, &api_.init, {"nvmlInit_v2", "nvmlInit"});
+    ResolveNvmlSymbol(handle_, &api_.shutdown, {"nvmlShutdown"});
+    ResolveNvmlSymbol(handle_, &api_.error_string, {"nvmlErrorString"});
+    ResolveNvmlSymbol(handle_, &api_.system_get_driver_version, {"nvmlSystemGetDriverVersion"});
+    ResolveNvmlSymbol(handle_, &api_.system_get_nvml_version, {"nvmlSystemGetNVMLVersion"});
+    ResolveNvmlSymbol(handle_, &api_.device_get_count,
+                      {"nvmlDeviceGetCount_v2", "nvmlDeviceGetCount"});
+    ResolveNvmlSymbol(handle_, &api_.device_get_handle_by_index,
+                      {"nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex"});
+    ResolveNvmlSymbol(handle_, &api_.device_get_name, {"nvmlDeviceGetName"});
+    ResolveNvmlSymbol(handle_, &api_.device_get_uuid, {"nvmlDeviceGetUUID"});
+    ResolveNvmlSymbol(handle_, &api_.device_get_utilization_rates,
+                      {"nvmlDeviceGetUtilizationRates"});
+    ResolveNvmlSymbol(handle_, &api_.device_get_memory_info, {"nvmlDeviceGetMemoryInfo"});
+    ResolveNvmlSymbol(handle_, &api_.device_get_clock_info, {"nvmlDeviceGetClockInfo"});
+    ResolveNvmlSymbol(handle_, &api_.device_get_max_clock_info, {"nvmlDeviceGetMaxClockInfo"});
+    ResolveNvmlSymbol(handle_, &api_.device_get_power_usage, {"nvmlDeviceGetPowerUsage"});
+    ResolveNvmlSymbol(handle_, &api_.device_get_power_limit,
+                      {"nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"});
     // nvmlDeviceGetTemperature is deprecated in NVML 13; the V form replaces it (R550 and later).
-    Resolve(handle_, &api_.device_get_temperature_v, {"nvmlDeviceGetTemperatureV"});
-    Resolve(handle_, &api_.device_get_temperature, {"nvmlDeviceGetTemperature"});
+    ResolveNvmlSymbol(handle_, &api_.device_get_temperature_v, {"nvmlDeviceGetTemperatureV"});
+    ResolveNvmlSymbol(handle_, &api_.device_get_temperature, {"nvmlDeviceGetTemperature"});
     // Renamed in CUDA 12 drivers; the old name stays exported for compatibility.
-    Resolve(
+    ResolveNvmlSymbol(
         handle_, &api_.device_get_throttle_reasons,
         {"nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"});
-    Resolve(handle_, &api_.device_get_pcie_throughput, {"nvmlDeviceGetPcieThroughput"});
-    Resolve(handle_, &api_.device_get_field_values, {"nvmlDeviceGetFieldValues"});
-    Resolve(handle_, &api_.device_get_compute_processes_v1,
-            {"nvmlDeviceGetComputeRunningProcesses"});
-    Resolve(handle_, &api_.device_get_compute_processes_v2,
-            {"nvmlDeviceGetComputeRunningProcesses_v2"});
-    Resolve(handle_, &api_.device_get_compute_processes_v3,
-            {"nvmlDeviceGetComputeRunningProcesses_v3"});
-    Resolve(handle_, &api_.device_get_mig_mode, {"nvmlDeviceGetMigMode"});
-    Resolve(handle_, &api_.gpm_query_device_support, {"nvmlGpmQueryDeviceSupport"});
-    Resolve(handle_, &api_.gpm_sample_alloc, {"nvmlGpmSampleAlloc"});
-    Resolve(handle_, &api_.gpm_sample_free, {"nvmlGpmSampleFree"});
-    Resolve(handle_, &api_.gpm_sample_get, {"nvmlGpmSampleGet"});
-    Resolve(handle_, &api_.gpm_metrics_get, {"nvmlGpmMetricsGet"});
+    ResolveNvmlSymbol(handle_, &api_.device_get_pcie_throughput, {"nvmlDeviceGetPcieThroughput"});
+    ResolveNvmlSymbol(handle_, &api_.device_get_field_values, {"nvmlDeviceGetFieldValues"});
+    ResolveNvmlSymbol(handle_, &api_.device_get_compute_processes_v1,
+                      {"nvmlDeviceGetComputeRunningProcesses"});
+    ResolveNvmlSymbol(handle_, &api_.device_get_compute_processes_v2,
+                      {"nvmlDeviceGetComputeRunningProcesses_v2"});
+    ResolveNvmlSymbol(handle_, &api_.device_get_compute_processes_v3,
+                      {"nvmlDeviceGetComputeRunningProcesses_v3"});
+    ResolveNvmlSymbol(handle_, &api_.device_get_mig_mode, {"nvmlDeviceGetMigMode"});
+    ResolveNvmlSymbol(handle_, &api_.gpm_query_device_support, {"nvmlGpmQueryDeviceSupport"});
+    ResolveNvmlSymbol(handle_, &api_.gpm_sample_alloc, {"nvmlGpmSampleAlloc"});
+    ResolveNvmlSymbol(handle_, &api_.gpm_sample_free, {"nvmlGpmSampleFree"});
+    ResolveNvmlSymbol(handle_, &api_.gpm_sample_get, {"nvmlGpmSampleGet"});
+    ResolveNvmlSymbol(handle_, &api_.gpm_metrics_get, {"nvmlGpmMetricsGet"});
 
     if (api_.init == nullptr || api_.device_get_count == nullptr ||
         api_.device_get_handle_by_index == nullptr) {
@@ -247,6 +226,7 @@ class NvmlGpuSource : public GpuSource {
       return;
     }
     initialized_ = true;
+    health_ = std::make_unique<GpuHealthReader>(handle_, api_.error_string);
     driver_version_ = SystemString(api_.system_get_driver_version);
     nvml_version_ = SystemString(api_.system_get_nvml_version);
     // _v2 first: it writes 24-byte entries on every driver that has it. _v3's entry size depends
@@ -303,17 +283,7 @@ class NvmlGpuSource : public GpuSource {
   static void Unavailable(unsigned int index, DeviceState* state, v1::GpuSample* s,
                           const char* metric, const std::string& reason,
                           const std::string& detail) {
-    (*s->mutable_unavailable_metrics())[metric] = reason;
-    std::string& last = state->logged_reasons[metric];
-    if (last == reason) return;
-    last = reason;
-    if (reason == "not_supported" || reason == "missing_entry_point" || reason == "mig_enabled") {
-      SW_LOG_INFO << "NVML: GPU " << index << ": " << metric << " unavailable (" << reason
-                  << "): " << detail;
-    } else {
-      SW_LOG_WARNING << "NVML: GPU " << index << ": " << metric << " unavailable (" << reason
-                     << "): " << detail;
-    }
+    state->unavailable.Record(index, s, metric, reason, detail);
   }
 
   // True when the call succeeded; otherwise records why `metric` is unavailable.
@@ -430,6 +400,7 @@ class NvmlGpuSource : public GpuSource {
     SampleNvlink(index, device, now_unix_nanos, state, &s);
     SampleProcesses(index, device, state, &s);
     SampleGpm(index, device, mig, state, &s);
+    health_->Read(index, device, now_unix_nanos, &state->unavailable, &s);
     return s;
   }
 
@@ -648,6 +619,8 @@ class NvmlGpuSource : public GpuSource {
   std::vector<ProcessEntryPoint> process_entry_points_ ABSL_GUARDED_BY(mu_);
   size_t next_process_entry_point_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<DeviceState> devices_ ABSL_GUARDED_BY(mu_);
+  // Set once NVML is initialised.
+  std::unique_ptr<GpuHealthReader> health_ ABSL_GUARDED_BY(mu_);
   LogRateLimiter log_limiter_{5, std::chrono::minutes(1)};
 };
 

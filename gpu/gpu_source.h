@@ -13,11 +13,13 @@
 
 namespace stepwatch::gpu {
 
-// Names of the readings whose availability each GpuSample reports (unavailable_metrics keys).
+// Names of the readings whose availability each GpuSample reports (unavailable_metrics keys); the
+// last seven are the health readings (gpu/gpu_health.h kGpuHealthReadingNames).
 inline constexpr const char* kGpuMetricNames[] = {
-    "utilization",    "memory",           "sm_clock", "sm_clock_max", "power",     "power_limit",
-    "temperature",    "throttle_reasons", "pcie",     "nvlink",       "processes", "sm_activity",
-    "dram_bandwidth", "tensor_activity",
+    "utilization",    "memory",           "sm_clock",  "sm_clock_max", "power",     "power_limit",
+    "temperature",    "throttle_reasons", "pcie",      "nvlink",       "processes", "sm_activity",
+    "dram_bandwidth", "tensor_activity",  "pcie_link", "pcie_replays", "ecc",       "remapped_rows",
+    "nvlink_state",   "nvlink_errors",    "xid",
 };
 
 // NVIDIA's documented minimum time between two GPM samples of one GPU. Sampled more often, the GPM

@@ -27,6 +27,7 @@ constexpr Return kErrorNoPermission = 4;
 constexpr Return kErrorNotFound = 6;
 constexpr Return kErrorInsufficientSize = 7;
 constexpr Return kErrorDriverNotLoaded = 9;
+constexpr Return kErrorTimeout = 10;
 constexpr Return kErrorFunctionNotFound = 13;
 constexpr Return kErrorGpuIsLost = 15;
 constexpr Return kErrorUnknown = 999;
@@ -216,6 +217,43 @@ constexpr unsigned int kDeviceUuidBufferSize = 96;     // NVML_DEVICE_UUID_V2_BU
 constexpr unsigned int kDriverVersionBufferSize = 80;  // NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
 constexpr unsigned int kNvmlVersionBufferSize = 80;    // NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE
 
+// Health readings (gpu/gpu_health.cc).
+// nvmlMemoryErrorType_t and nvmlEccCounterType_t (R270?..NVML 13).
+constexpr unsigned int kMemoryErrorTypeCorrected = 0;
+constexpr unsigned int kMemoryErrorTypeUncorrected = 1;
+constexpr unsigned int kVolatileEcc = 0;
+constexpr unsigned int kAggregateEcc = 1;
+// nvmlEnableState_t
+constexpr unsigned int kFeatureDisabled = 0;
+constexpr unsigned int kFeatureEnabled = 1;
+// NVML_NVLINK_MAX_LINKS (18 since R450?; 12 and 6 in older headers).
+constexpr unsigned int kNvlinkMaxLinks = 18;
+// nvmlNvLinkErrorCounter_t (R384?..NVML 13).
+constexpr unsigned int kNvlinkErrorDlReplay = 0;
+constexpr unsigned int kNvlinkErrorDlRecovery = 1;
+constexpr unsigned int kNvlinkErrorDlCrcFlit = 2;
+constexpr unsigned int kNvlinkErrorDlCrcData = 3;
+// nvmlEventType* bit (R270?..NVML 13).
+constexpr unsigned long long kEventTypeXidCriticalError = 0x0000000000000008ULL;
+
+struct EventSetOpaque;
+using EventSet = EventSetOpaque*;  // nvmlEventSet_t
+
+// nvmlEventData_t as nvmlEventSetWait_v2 writes it (R450?..NVML 13; the instance ids were added
+// with MIG, the unversioned nvmlEventSetWait wrote only the first 24 bytes).
+struct EventData {
+  Device device;
+  unsigned long long event_type;
+  unsigned long long event_data;  // the Xid code for kEventTypeXidCriticalError
+  unsigned int gpu_instance_id;
+  unsigned int compute_instance_id;
+};
+static_assert(sizeof(EventData) == 32 && offsetof(EventData, event_type) == 8 &&
+                  offsetof(EventData, event_data) == 16 &&
+                  offsetof(EventData, gpu_instance_id) == 24 &&
+                  offsetof(EventData, compute_instance_id) == 28,
+              "nvmlEventData_t (R450?..NVML 13)");
+
 // Entry point signatures.
 using InitFn = Return (*)();
 using ShutdownFn = Return (*)();
@@ -241,5 +279,21 @@ using GpmSampleAllocFn = Return (*)(GpmSample*);
 using GpmSampleFreeFn = Return (*)(GpmSample);
 using GpmSampleGetFn = Return (*)(Device, GpmSample);
 using GpmMetricsGetFn = Return (*)(GpmMetricsGet*);
+// nvmlDeviceGetTotalEccErrors(device, nvmlMemoryErrorType_t, nvmlEccCounterType_t, counts).
+using DeviceGetTotalEccErrorsFn = Return (*)(Device, unsigned int, unsigned int,
+                                             unsigned long long*);
+// nvmlDeviceGetRemappedRows(device, corrRows, uncRows, isPending, failureOccurred).
+using DeviceGetRemappedRowsFn = Return (*)(Device, unsigned int*, unsigned int*, unsigned int*,
+                                           unsigned int*);
+// nvmlDeviceGetNvLinkState(device, link, nvmlEnableState_t* isActive).
+using DeviceGetNvLinkStateFn = Return (*)(Device, unsigned int, unsigned int*);
+// nvmlDeviceGetNvLinkErrorCounter(device, link, nvmlNvLinkErrorCounter_t, counterValue).
+using DeviceGetNvLinkErrorCounterFn = Return (*)(Device, unsigned int, unsigned int,
+                                                 unsigned long long*);
+using EventSetCreateFn = Return (*)(EventSet*);
+using EventSetFreeFn = Return (*)(EventSet);
+using DeviceRegisterEventsFn = Return (*)(Device, unsigned long long, EventSet);
+// nvmlEventSetWait_v2(set, data, timeoutms): NVML_ERROR_TIMEOUT when no event came in time.
+using EventSetWaitFn = Return (*)(EventSet, EventData*, unsigned int);
 
 }  // namespace stepwatch::gpu::nvml

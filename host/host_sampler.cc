@@ -10,6 +10,7 @@
 #include "common/file.h"
 #include "common/log.h"
 #include "host/memory_bandwidth.h"
+#include "host/nic_ports.h"
 #include "host/proc_parse.h"
 
 namespace stepwatch::host {
@@ -19,7 +20,7 @@ class ProcHostSampler : public HostSampler {
  public:
   ProcHostSampler(const HostSamplerOptions& options,
                   std::unique_ptr<MemoryTrafficCounter> memory_traffic)
-      : root_(options.root), memory_traffic_(std::move(memory_traffic)) {}
+      : root_(options.root), memory_traffic_(std::move(memory_traffic)), nic_ports_(options.root) {}
 
   absl::StatusOr<v1::HostSample> Sample(int64_t now_unix_nanos) override ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
@@ -54,6 +55,7 @@ class ProcHostSampler : public HostSampler {
       sample.set_network_transmit_bytes_total(net->transmit_bytes);
     }
     SampleMemoryBandwidth(now_unix_nanos, &sample);
+    nic_ports_.Read(&sample);
     return sample;
   }
 
@@ -110,6 +112,7 @@ class ProcHostSampler : public HostSampler {
   std::optional<CpuTimes> prev_cpu_ ABSL_GUARDED_BY(mu_);
   std::optional<MemoryTraffic> prev_traffic_ ABSL_GUARDED_BY(mu_);
   int64_t prev_traffic_time_ ABSL_GUARDED_BY(mu_) = 0;
+  NicPortReader nic_ports_ ABSL_GUARDED_BY(mu_);
   // Thread-safe on its own.
   LogRateLimiter log_limiter_{5, std::chrono::minutes(1)};
 };

@@ -1,5 +1,6 @@
-// Host readings for the agent from /proc (and resctrl or perf for memory bandwidth), with an
-// injectable filesystem root so that parsers are tested on a fake tree.
+// Host readings for the agent from /proc (resctrl or perf for memory bandwidth, sysfs for
+// InfiniBand/RoCE ports), with an injectable filesystem root so that parsers are tested on a fake
+// tree.
 #pragma once
 
 #include <cstdint>

@@ -2,6 +2,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gpu/gpu_source.h"
+#include "metrics/gpu_health_metric_table.h"
+#include "metrics/nic_metric_table.h"
 
 namespace stepwatch::metrics {
 namespace {
@@ -133,7 +135,8 @@ std::vector<GpuMetric> MakeGpuMetrics() {
                         nullptr,
                         Importance::kNormal,
                         Scope::kAgentAndCollector});
-  // 14 series per GPU: useful on the node, too many for a fleet's /metrics, where an absent
+  AppendGpuHealthMetrics(&t);
+  // 21 series per GPU: useful on the node, too many for a fleet's /metrics, where an absent
   // series already says that the reading is missing.
   t.push_back(GpuMetric{
       "gpu_metric_available",
@@ -206,6 +209,7 @@ std::vector<HostMetric> MakeHostMetrics() {
       nullptr,
       Importance::kNormal,
       Scope::kAgentAndCollector});
+  AppendNicMetrics(&t);
   return t;
 }
 

@@ -6,7 +6,10 @@
 #   3. prints the driver and NVML versions, then for every GPU each reading stepwatch takes next to
 #      what `nvidia-smi --query-gpu` reports for the same field, and the process list next to
 #      `nvidia-smi --query-compute-apps`;
-#   4. prints what the agent exports on its own /metrics (readings and metric availability).
+#   4. prints the health readings (PCIe link generation and width, PCIe replays, ECC counts, row
+#      remapping, NVLink state and error counters, Xid events) next to nvidia-smi's where it has
+#      a field for them, and `nvidia-smi nvlink -s` / `-e` for the per-link ones;
+#   5. prints what the agent exports on its own /metrics (readings and metric availability).
 # A line marked MISMATCH is a disagreement worth a look (readings taken a moment apart may differ
 # a little; memory.used differs by the driver's reserved memory on drivers whose nvidia-smi uses
 # nvmlMemory_v2). The exit status is the probe's (0: NVML loaded and every GPU read).
@@ -88,7 +91,12 @@ if [ "$have_smi" = 1 ]; then
   for ((i = 0; i < count; i++)); do
     for field in uuid name driver_version utilization.gpu utilization.memory memory.used \
       memory.total clocks.sm clocks.max.sm power.draw enforced.power.limit temperature.gpu \
-      clocks_event_reasons.active clocks_throttle_reasons.active; do
+      clocks_event_reasons.active clocks_throttle_reasons.active \
+      pcie.link.gen.current pcie.link.gen.max pcie.link.width.current pcie.link.width.max \
+      ecc.errors.corrected.volatile.total ecc.errors.uncorrected.volatile.total \
+      ecc.errors.corrected.aggregate.total ecc.errors.uncorrected.aggregate.total \
+      remapped_rows.correctable remapped_rows.uncorrectable remapped_rows.pending \
+      remapped_rows.failure; do
       value="$(nvidia-smi -i "$i" --query-gpu="$field" --format=csv,noheader,nounits 2>/dev/null |
         head -1 || true)"
       printf '%s\t%s\t%s\n' "$i" "$field" "${value:-n/a}"
@@ -108,7 +116,32 @@ text = open(os.path.join(tmp, "probe.txt")).read()
 node = {}
 gpus = collections.OrderedDict()  # index -> fields of the last sample
 section = None
+blocks = []  # nested message names inside the current GPU sample, outermost first
 for line in text.splitlines():
+    stripped = line.strip()
+    if section is not None and "health" in section and blocks[:1] == ["health"]:
+        health = section["health"]
+        m = re.match(r"(\w+) \{$", stripped)
+        if m:
+            blocks.append(m.group(1))
+            if m.group(1) in ("nvlinks", "xids"):
+                health.setdefault(m.group(1), []).append({})
+            continue
+        if stripped == "}":
+            blocks.pop()
+            continue
+        m = re.match(r'(\w+): "?(.*?)"?$', stripped)
+        if m:
+            target = health
+            if len(blocks) > 1:
+                inner = health.get(blocks[1])
+                target = inner[-1] if isinstance(inner, list) else health.setdefault(blocks[1], {})
+            target[m.group(1)] = m.group(2)
+        continue
+    if section is not None and stripped == "health {":
+        section["health"] = {}
+        blocks = ["health"]
+        continue
     if line.startswith("# node"):
         section = node
         continue
@@ -122,6 +155,8 @@ for line in text.splitlines():
         section = gpus.setdefault(int(m.group(2)), {"pids": [], "unavailable": {}})
         section["pids"] = []
         section["unavailable"] = {}
+        section.pop("health", None)
+        blocks = []
         continue
     if line.startswith("#"):
         section = None
@@ -184,6 +219,34 @@ ROWS = [
      ["clocks_event_reasons.active", "clocks_throttle_reasons.active"], None),
 ]
 
+def health(g, *path):
+    """A health reading of the last sample (GpuHealth, nested by `path`), or None."""
+    v = g.get("health", {})
+    for key in path:
+        if not isinstance(v, dict):
+            return None
+        if key not in v:
+            # Text format leaves out the zeros of a submessage that is there (ecc, remapped_rows).
+            return 0.0 if len(path) > 1 and v is not g.get("health") else None
+        v = v[key]
+    return num(v)
+
+# Health readings with an nvidia-smi field; PCIe replays have none (nvidia-smi -q shows them).
+HEALTH_ROWS = [
+    ("PCIe gen current", ("pcie_link_generation_current",), "pcie.link.gen.current"),
+    ("PCIe gen max", ("pcie_link_generation_max",), "pcie.link.gen.max"),
+    ("PCIe width current", ("pcie_link_width_current",), "pcie.link.width.current"),
+    ("PCIe width max", ("pcie_link_width_max",), "pcie.link.width.max"),
+    ("PCIe replays", ("pcie_replays_total",), None),
+    ("ECC corrected vol.", ("ecc", "corrected_volatile"), "ecc.errors.corrected.volatile.total"),
+    ("ECC uncorr. vol.", ("ecc", "uncorrected_volatile"), "ecc.errors.uncorrected.volatile.total"),
+    ("ECC corrected agg.", ("ecc", "corrected_aggregate"), "ecc.errors.corrected.aggregate.total"),
+    ("ECC uncorr. agg.", ("ecc", "uncorrected_aggregate"),
+     "ecc.errors.uncorrected.aggregate.total"),
+    ("remapped corrected", ("remapped_rows", "corrected"), "remapped_rows.correctable"),
+    ("remapped uncorr.", ("remapped_rows", "uncorrected"), "remapped_rows.uncorrectable"),
+]
+
 def fmt(v):
     if v is None:
         return "-"
@@ -227,6 +290,38 @@ for index, g in gpus.items():
         v = num(g.get(key))
         print("   %-22s %-40s %-40s" % (label, fmt(v / scale if v is not None else None),
                                          "(see nvidia-smi dmon / nvlink below)"))
+    for label, path, field in HEALTH_ROWS:
+        ours = health(g, *path)
+        theirs = smi[index].get(field) if field else None
+        if theirs in ("", "n/a", "[N/A]", "[Not Supported]", "N/A"):
+            theirs = None
+        verdict = ""
+        # Counters may move between the two readings; generations and widths must agree.
+        if have_smi and ours is not None and num(theirs) is not None and label.startswith("PCIe "):
+            verdict = "" if ours == num(theirs) else "MISMATCH (an idle GPU may change its link)"
+        mismatches += verdict.startswith("MISMATCH")
+        print("   %-22s %-40s %-40s %s" % (label, fmt(ours), fmt(theirs if field else "(nvidia-smi -q)"),
+                                           verdict))
+    h = g.get("health", {})
+    remap = h.get("remapped_rows", {})
+    print("   %-22s pending %s, failure %s   nvidia-smi: pending %s, failure %s" % (
+        "row remapping", remap.get("pending", "false" if remap else "-"),
+        remap.get("failure", "false" if remap else "-"),
+        smi[index].get("remapped_rows.pending", "-"), smi[index].get("remapped_rows.failure", "-")))
+    links = h.get("nvlinks", [])
+    down = [l.get("link", "0") for l in links if l.get("up") != "true"]
+    errors = collections.Counter()
+    for l in links:
+        for k in ("replay_errors_total", "recovery_errors_total", "crc_flit_errors_total",
+                  "crc_data_errors_total"):
+            errors[k[:-len("_errors_total")]] += int(l.get(k, 0))
+    print("   %-22s %d links, down: %s; errors (sum over links): %s" % (
+        "NVLink", len(links), ",".join(down) or "none",
+        ", ".join("%s %d" % kv for kv in sorted(errors.items())) or "-"))
+    xids = h.get("xids", [])
+    print("   %-22s %s (dropped %s)" % ("Xid events", ", ".join(
+        "%s x%s" % (x.get("xid", "?"), x.get("count", "?")) for x in xids) or "none seen",
+        h.get("xid_events_dropped", "0")))
     print("   unavailable: %s" % (", ".join("%s=%s" % kv for kv in sorted(g["unavailable"].items()))
                                   or "none"))
     if have_smi:
@@ -251,6 +346,12 @@ if [ "$have_smi" = 1 ]; then
   echo; echo "== nvidia-smi dmon -s t (PCIe MB/s) and GPM SM/DRAM/tensor %"
   timeout 20 nvidia-smi dmon -c 2 -s t 2>&1 || true
   timeout 20 nvidia-smi dmon -c 2 --gpm-metrics 2,10,5 2>&1 || true
+  echo; echo "== nvidia-smi nvlink -s (link state) and -e (error counters; stepwatch: NVLink above)"
+  timeout 20 nvidia-smi nvlink -s 2>&1 | head -80 || true
+  timeout 20 nvidia-smi nvlink -e 2>&1 | head -120 || true
+  echo; echo "== nvidia-smi -q -d PCIE (Replays Since Reset) and the driver's Xid lines"
+  timeout 20 nvidia-smi -q -d PCIE 2>&1 | grep -i -E '^GPU|replay' || true
+  (dmesg 2>/dev/null || true) | grep -i 'NVRM: Xid' | tail -10 || true
 fi
 
 echo; echo "== stepwatch-agent local /metrics (GPU series)"

@@ -7,7 +7,9 @@
 # BUILD_DIR defaults to ./build, SECONDS to 30, EVENTS_PER_SECOND to 16 (8 ranks, 2 steps/s).
 # When BUILD_DIR has stepwatch-collector, the agent ships to a real collector; otherwise to an
 # address where nothing listens (the agent then keeps its batches and retries, which costs a
-# little more; STEPWATCH_COLLECTOR_BIN names another collector binary). CPU% comes from utime+stime in /proc/PID/stat over the measured window (after a
+# little more; STEPWATCH_COLLECTOR_BIN names another collector binary). STEPWATCH_HOST_ROOT sets
+# the agent's --host-root (e.g. a fake sysfs tree of NIC ports from tests/integration/nic_sysfs.py)
+# and STEPWATCH_INTERVAL its --interval (default 1). CPU% comes from utime+stime in /proc/PID/stat over the measured window (after a
 # 5 s warm-up); RSS is VmRSS from /proc/PID/status at the end, and VmHWM the peak.
 set -euo pipefail
 
@@ -57,7 +59,8 @@ fi
 
 SOCK=$WORK/agent.sock
 STEPWATCH_FAKE_NVML_STATE=$WORK/nvml.json "$AGENT" --collector="$COLLECTOR_ADDR" --socket="$SOCK" \
-  --node=overhead-node --interval=1 --nvml-library="$FAKE_NVML" \
+  --node=overhead-node --interval="${STEPWATCH_INTERVAL:-1}" --nvml-library="$FAKE_NVML" \
+  ${STEPWATCH_HOST_ROOT:+--host-root="$STEPWATCH_HOST_ROOT"} \
   --metrics-listen=127.0.0.1:$(free_port) >"$WORK/agent.log" 2>&1 &
 AGENT_PID=$!
 PIDS+=($AGENT_PID)
@@ -96,7 +99,7 @@ python3 - "$T0" "$T1" "$S0" "$S1" "$HZ" "$RSS_KB" "$HWM_KB" "$RATE" <<'PY'
 import sys
 t0, t1, s0, s1, hz, rss, hwm, rate = map(float, sys.argv[1:])
 cpu = (t1 - t0) / hz / (s1 - s0) * 100
-print(f"stepwatch-agent, interval 1 s, 8 fake GPUs, {rate:g} step events/s, {s1 - s0:.0f} s:")
+print(f"stepwatch-agent, 8 fake GPUs, {rate:g} step events/s, {s1 - s0:.0f} s:")
 print(f"  CPU: {cpu:.2f}% of one core ({(t1 - t0) / hz:.2f} s CPU in {s1 - s0:.1f} s)")
 print(f"  RSS: {rss / 1024:.1f} MiB (peak {hwm / 1024:.1f} MiB)")
 PY

@@ -459,11 +459,44 @@ def node_view():
     L.add(timeseries("GPU memory used", "Device memory in use.",
                      [target(node_reading("gpu_memory_used_bytes", N), "{{node}} GPU {{gpu}}")],
                      "bytes", minimum=0), 12, 8)
-    L.add(table("GPU findings", "Active findings on these nodes.",
-                [target(f"max by (kind, severity, job, rank, node, gpu, cause) "
+    L.add(table("Findings", "Active findings on these nodes, hardware faults among them "
+                "(gpu_health: a GPU's Xid, ECC, row remap, NVLink or PCIe fault; nic_health: a "
+                "network port, in Port).",
+                [target(f"max by (kind, severity, job, rank, node, gpu, device, cause) "
                         f"(stepwatch_finding{N})", instant=True, fmt="table")],
                 {"kind": "Kind", "severity": "Severity", "job": "Job", "rank": "Rank",
-                 "node": "Node", "gpu": "GPU", "cause": "Cause", "Value": "Active"}), 12, 8)
+                 "node": "Node", "gpu": "GPU", "device": "Port", "cause": "Cause",
+                 "Value": "Active"}), 12, 8)
+    L.row("Hardware health")
+    L.add(table("PCIe links", "Current and maximum PCIe generation and width per GPU; an idle "
+                "GPU trains down to save power, a busy one under its maximum is a fault.",
+                [target(node_reading("gpu_pcie_link_generation", N, by="node, gpu, kind"),
+                        instant=True, fmt="table", ref="A"),
+                 target(node_reading("gpu_pcie_link_width", N, by="node, gpu, kind"),
+                        instant=True, fmt="table", ref="B")],
+                {"node": "Node", "gpu": "GPU", "kind": "Kind", "Value #A": "Generation",
+                 "Value #B": "Width"}), 12, 8)
+    L.add(timeseries("ECC errors", "Corrected and uncorrected ECC errors per GPU, volatile "
+                     "(since the driver loaded) and aggregate; any rise of uncorrected ones is a "
+                     "fault.",
+                     [target(node_reading("gpu_ecc_errors_total", N,
+                                          by="node, gpu, type, counter"),
+                             "{{node}} GPU {{gpu}} {{type}} {{counter}}")], "short", minimum=0),
+          8, 8)
+    L.add(timeseries("Xid events", "Xid errors from the driver per GPU and code (events per "
+                     "minute).",
+                     [target("(" + node_reading("gpu_xid_events_total", N, by="node, gpu, xid",
+                                                rate=True) + ") * 60",
+                             "{{node}} GPU {{gpu}} Xid {{xid}}")], "short", minimum=0), 8, 8)
+    L.add(timeseries("Network ports up", "1 while an InfiniBand / RoCE port is ACTIVE and "
+                     "LinkUp.",
+                     [target(node_reading("nic_port_up", N, by="node, device"),
+                             "{{node}} {{device}}")], "short", minimum=0, maximum=1), 8, 8)
+    L.add(timeseries("Network port errors", "Symbol and receive errors and link-down events "
+                     "per port (per minute).",
+                     [target("(" + node_reading("nic_port_errors_total", N,
+                                                by="node, device, counter", rate=True) + ") * 60",
+                             "{{node}} {{device}} {{counter}}")], "short", minimum=0), 12, 8)
     L.row("Host")
     L.add(timeseries("Host CPU utilization", "Busy fraction of all CPUs. A saturated host CPU "
                      "starves the data loader and the GPUs.",
@@ -493,7 +526,8 @@ def node_view():
                      "short", minimum=0, maximum=1), 12, 8)
     return dashboard("stepwatch-node", "stepwatch / Node",
                      "One or more nodes: GPU utilization, SM activity, DRAM bandwidth, clocks "
-                     "and throttling, host CPU, memory and memory bandwidth.",
+                     "and throttling, hardware health (PCIe, ECC, Xid, network ports), host "
+                     "CPU, memory and memory bandwidth.",
                      L.panels, [query_variable("node", "Node",
                                                "label_values(stepwatch_agent_nvml_available, "
                                                "node)")],

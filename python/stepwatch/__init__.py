@@ -86,14 +86,25 @@ def get_reporter():
 def step(samples=None, step=None):
     """`with stepwatch.step(samples=n):` times one training step of the process-wide reporter."""
     # `_default or get_reporter()`: the reporter exists after the first step, so the hot path is
-    # one global read (a Reporter is always true).
-    return (_default or get_reporter()).step(samples, step)
+    # one global read (a Reporter is always true). Reporter.step() inlined (a call fewer); a
+    # step inside a step takes it, for its warning.
+    reporter = _default or get_reporter()
+    scope = reporter._step_scope
+    if scope._active:
+        return reporter.step(samples, step)
+    scope.samples = samples
+    scope.step = step
+    return scope
 
 
 def phase(name):
     """`with stepwatch.phase("data" | "compute" | "comm"):` times a phase of the current step;
     any other name (`"forward"`, `"backward"`, ...) a named section (see Reporter.phase)."""
-    return (_default or get_reporter()).phase(name)
+    reporter = _default or get_reporter()
+    try:  # Reporter.phase() inlined for names already used; it creates the others
+        return reporter._phase_scopes[name]
+    except (KeyError, TypeError):
+        return reporter.phase(name)
 
 
 class _DisabledReporter(Reporter):

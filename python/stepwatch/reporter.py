@@ -15,7 +15,8 @@ Nothing here raises into the caller once the Reporter exists, except phase() giv
 the agent would refuse: a programming error, raised at its first use.
 
 Named sections (phase("forward"), any valid name other than the three phases) go out in the
-event's "sections" object; a step that has none keeps the fast path below unchanged.
+event's "sections" object. The step scope formats every step itself, whatever subset of phases
+it has, in one operation (plus one per section).
 
 Durations measured by step()/phase() are kept as integer nanoseconds (time.perf_counter_ns) and
 written as JSON numbers with an exponent, `"compute_s":81234567e-9`: exact, and about three times
@@ -132,14 +133,21 @@ class Reporter:
         self._fmt_full = (
             escaped + b',"step":%d,"step_s":%r,"data_s":%r,"compute_s":%r,"comm_s":%r,"samples":%d}'
         )
-        self._fmt_ns_full = (
-            escaped + b',"step":%d,"step_s":%de-9,"data_s":%de-9,"compute_s":%de-9,"comm_s":%de-9'
-            b',"samples":%d}'
-        )
-        self._fmt_ns_phases = (
-            escaped + b',"step":%d,"step_s":%de-9,"data_s":%de-9,"compute_s":%de-9,"comm_s":%de-9}'
-        )
         self._fmt_head = escaped + b',"step":%d,"step_s":%r'
+        # The step scope's formats by the phases present (bit 1 data, 2 compute, 4 comm), without
+        # and with samples: every step is one format operation (sections and "dropped" add a tail).
+        self._fmt_ns_by_phases = tuple(
+            escaped
+            + b',"step":%d,"step_s":%de-9'
+            + b"".join(
+                b',"%s_s":%%de-9' % name.encode() for i, name in enumerate(PHASES) if mask >> i & 1
+            )
+            + b"}"
+            for mask in range(8)
+        )
+        self._fmt_ns_by_phases_samples = tuple(
+            f[:-1] + b',"samples":%d}' for f in self._fmt_ns_by_phases
+        )
         self._fmt_ns_head = escaped + b',"step":%d,"step_s":%de-9'
         self._log = logger or _LOG
         self._lock = threading.Lock()
@@ -561,34 +569,47 @@ class _StepScope:
         rep = self._rep
         step_ns = end - self._start
         sock = rep._sock
+        # Every event is formatted and sent right here, whatever phases, samples and sections it
+        # has: one format of the phases present (the formats are made once per reporter), one
+        # tail, one send(); _send_ns only for what this path does not take (no socket yet, an
+        # invalid value). step_s > 0 holds when a phase ran: a step contains its phases.
         try:
             self._next = step + 1
-            # An event with all three phases and nothing dropped before it is formatted and sent
-            # right here (a call fewer than _send_ns). step_s > 0 holds: a step contains its
-            # phases, and data_ns > 0.
-            fast = (
-                sock is not None
-                and data_ns
-                and compute_ns
-                and comm_ns
-                and 0 <= step <= _MAX_I64
-                and step_ns <= _MAX_NS
-                and not rep._unreported
-                and sections is None
-            )
-            if fast:
-                if samples is None:
-                    data = rep._fmt_ns_phases % (step, step_ns, data_ns, compute_ns, comm_ns)
-                elif 0 <= samples <= _MAX_I64:
-                    data = rep._fmt_ns_full % (
-                        step, step_ns, data_ns, compute_ns, comm_ns, samples
-                    )
+            if sock is None or not (0 <= step <= _MAX_I64 and 0 < step_ns <= _MAX_NS):
+                data = None
+            else:
+                if data_ns:
+                    if compute_ns:
+                        if comm_ns:
+                            mask, args = 7, (step, step_ns, data_ns, compute_ns, comm_ns)
+                        else:
+                            mask, args = 3, (step, step_ns, data_ns, compute_ns)
+                    elif comm_ns:
+                        mask, args = 5, (step, step_ns, data_ns, comm_ns)
+                    else:
+                        mask, args = 1, (step, step_ns, data_ns)
+                elif compute_ns:
+                    if comm_ns:
+                        mask, args = 6, (step, step_ns, compute_ns, comm_ns)
+                    else:
+                        mask, args = 2, (step, step_ns, compute_ns)
+                elif comm_ns:
+                    mask, args = 4, (step, step_ns, comm_ns)
                 else:
-                    fast = False
+                    mask, args = 0, (step, step_ns)
+                if samples is None:
+                    data = rep._fmt_ns_by_phases[mask] % args
+                elif 0 <= samples <= _MAX_I64:
+                    data = rep._fmt_ns_by_phases_samples[mask] % (args + (samples,))
+                else:
+                    data = None
+                pending = rep._unreported
+                if data is not None and (sections is not None or pending):
+                    data = self._tail(data, sections, pending)
         except Exception:
-            fast = False  # a step number or sample count that is not a number
-        if not fast:
-            # Fewer phases, sections, or an invalid value (_send_ns drops it and warns once).
+            data = None  # a step number or sample count that is not a number
+        if data is None:
+            # No socket yet, or an invalid value (_send_ns connects, or drops it and warns once).
             rep._send_ns(step, step_ns, data_ns, compute_ns, comm_ns, samples, sections)
             return False
         try:
@@ -605,8 +626,19 @@ class _StepScope:
             rep._send_failed(sock, err)
             return False
         rep.sent += 1
+        if pending:
+            rep._unreported -= pending
         return False
 
+    @staticmethod
+    def _tail(data, sections, pending):
+        """The event `data` with its sections and "dropped" (the drops not yet reported)."""
+        data = data[:-1]
+        if sections is not None:
+            data += b',"sections":{' + sections + b"}"
+        if pending:
+            data += b',"dropped":%d' % pending
+        return data + b"}"
 
     def _take_sections(self):
         """The members of this step's "sections" (bytes; None when none had any time), and a

@@ -117,16 +117,29 @@ TEST(AgentMetricsTest, ExposesHealthAndNodeView) {
   EXPECT_EQ(v("stepwatch_agent_tls_reload_errors_total{node=node-7,}"), 1);
   EXPECT_EQ(v("stepwatch_agent_connected{node=node-7,}"), 1);
   EXPECT_EQ(v("stepwatch_agent_nvml_available{node=node-7,}"), 1);
-  EXPECT_DOUBLE_EQ(v("stepwatch_agent_gpu_utilization_ratio{node=node-7,gpu=0,}"), 0.93);
-  EXPECT_DOUBLE_EQ(v("stepwatch_agent_gpu_sm_clock_hertz{node=node-7,gpu=0,}"), 1.98e9);
-  EXPECT_DOUBLE_EQ(v("stepwatch_agent_gpu_memory_used_bytes{node=node-7,gpu=0,}"),
-                   40.0 * (1ull << 30));
-  EXPECT_DOUBLE_EQ(v("stepwatch_agent_gpu_sm_activity_ratio{node=node-7,gpu=0,}"), 0.8);
-  EXPECT_EQ(v("stepwatch_agent_gpu_processes{node=node-7,gpu=0,}"), 1);
-  EXPECT_EQ(v("stepwatch_agent_gpu_info{node=node-7,gpu=1,uuid=,name=,}"), 1);
+  EXPECT_DOUBLE_EQ(
+      v("stepwatch_agent_gpu_utilization_ratio{node=node-7,gpu=0,namespace=,pod=,container=,}"),
+      0.93);
+  EXPECT_DOUBLE_EQ(
+      v("stepwatch_agent_gpu_sm_clock_hertz{node=node-7,gpu=0,namespace=,pod=,container=,}"),
+      1.98e9);
+  EXPECT_DOUBLE_EQ(
+      v("stepwatch_agent_gpu_memory_used_bytes{node=node-7,gpu=0,namespace=,pod=,container=,}"),
+      40.0 * (1ull << 30));
+  EXPECT_DOUBLE_EQ(
+      v("stepwatch_agent_gpu_sm_activity_ratio{node=node-7,gpu=0,namespace=,pod=,container=,}"),
+      0.8);
+  EXPECT_EQ(v("stepwatch_agent_gpu_processes{node=node-7,gpu=0,namespace=,pod=,container=,}"), 1);
+  EXPECT_EQ(
+      v("stepwatch_agent_gpu_info{node=node-7,gpu=1,namespace=,pod=,container=,uuid=,name=,}"), 1);
   // Unavailable readings produce no series rather than a misleading zero.
-  EXPECT_EQ(values.count("stepwatch_agent_gpu_utilization_ratio{node=node-7,gpu=1,}"), 0u);
-  EXPECT_EQ(values.count("stepwatch_agent_gpu_power_watts{node=node-7,gpu=0,}"), 0u);
+  EXPECT_EQ(
+      values.count(
+          "stepwatch_agent_gpu_utilization_ratio{node=node-7,gpu=1,namespace=,pod=,container=,}"),
+      0u);
+  EXPECT_EQ(values.count(
+                "stepwatch_agent_gpu_power_watts{node=node-7,gpu=0,namespace=,pod=,container=,}"),
+            0u);
   EXPECT_EQ(values.count("stepwatch_agent_host_memory_total_bytes{node=node-7,}"), 0u);
   EXPECT_DOUBLE_EQ(v("stepwatch_agent_host_cpu_utilization_ratio{node=node-7,}"), 0.25);
   EXPECT_EQ(v("stepwatch_agent_host_cpus{node=node-7,}"), 32);
@@ -186,7 +199,7 @@ TEST(AgentMetricsTest, ExportsMetricAvailabilityPerGpu) {
   auto v = [&](int gpu, const std::string& metric, const std::string& reason) {
     const std::string key =
         absl::StrCat("stepwatch_agent_gpu_metric_available{node=node-7,gpu=", gpu,
-                     ",metric=", metric, ",reason=", reason, ",}");
+                     ",namespace=,pod=,container=,metric=", metric, ",reason=", reason, ",}");
     auto it = values.find(key);
     EXPECT_NE(it, values.end()) << key;
     return it == values.end() ? -1 : it->second;
@@ -246,7 +259,8 @@ TEST(AgentMetricsTest, ServesOverHttpAndPassesPromtool) {
   const std::string body = HttpGet((*server)->port(), "/metrics");
   EXPECT_NE(body.find("# TYPE stepwatch_agent_events_rejected_total counter"), std::string::npos)
       << body;
-  EXPECT_NE(body.find("stepwatch_agent_gpu_utilization_ratio{node=\"node-7\",gpu=\"0\"} 0.93"),
+  EXPECT_NE(body.find("stepwatch_agent_gpu_utilization_ratio{node=\"node-7\",gpu=\"0\",namespace="
+                      "\"\",pod=\"\",container=\"\"} 0.93"),
             std::string::npos)
       << body;
   if (::access("/usr/bin/promtool", X_OK) != 0) GTEST_SKIP() << "promtool not installed";

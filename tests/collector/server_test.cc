@@ -5,8 +5,10 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <thread>
 
@@ -49,15 +51,21 @@ class ServerTest : public ::testing::Test {
   void TearDown() override {
     server_.reset();
     unlink((state_dir_ + "/scaling_history").c_str());
+    unlink((state_dir_ + "/dedupe.journal").c_str());
     rmdir(state_dir_.c_str());
   }
 
-  void StartServer() {
+  // `journal_sync`: with it, batches are journaled (as with --state-dir) and synced by it.
+  void StartServer(std::function<int(int)> journal_sync = nullptr) {
     CollectorServerOptions o;
     o.grpc_listen = "127.0.0.1:0";
     o.metrics_listen = "127.0.0.1:0";
     o.state_dir = state_dir_;
     o.tick_nanos = 50'000'000;
+    if (journal_sync) {
+      o.state.dedupe.journal_path = state_dir_ + "/dedupe.journal";
+      o.state.dedupe.journal_sync.sync_file = std::move(journal_sync);
+    }
     auto server = CollectorServer::Start(o, &clock_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -273,8 +281,11 @@ TEST_F(ServerTest, MetricsScrapeHasDesignNamesAndPassesPromtool) {
         "stepwatch_job_time_ratio{component=\"imbalance\",job=\"llm\"}",
         "stepwatch_job_whatif_speedup_ratio{fix=\"stragglers\",job=\"llm\"}",
         "stepwatch_job_world_size{job=\"llm\"} 8",
-        "stepwatch_gpu_utilization_ratio{gpu=\"3\",node=\"node-1\"} 0.9",
-        "stepwatch_gpu_sm_clock_hertz{gpu=\"3\",node=\"node-1\"} 1000000000",
+        // A GPU in no Kubernetes pod: its pod labels are there, empty.
+        "stepwatch_gpu_utilization_ratio{container=\"\",gpu=\"3\",namespace=\"\",node=\"node-1\","
+        "pod=\"\"} 0.9",
+        "stepwatch_gpu_sm_clock_hertz{container=\"\",gpu=\"3\",namespace=\"\",node=\"node-1\","
+        "pod=\"\"} 1000000000",
         "stepwatch_host_cpu_utilization_ratio{node=\"node-1\"} 0.5",
         "stepwatch_node_up{node=\"node-1\"} 1", "stepwatch_collector_batches_received_total 40",
         "stepwatch_collector_agents_connected 1"}) {
@@ -308,6 +319,34 @@ TEST_F(ServerTest, ShutdownWithAnOpenStreamIsBoundedAndSavesState) {
   server_.reset();
   StartServer();
   EXPECT_EQ(server_->state()->SerializeScalingHistory(), *saved);
+}
+
+// With a journal, an acknowledgement leaves only after the fdatasync that covers its batch: each
+// sync is counted only once it has ended, 30 ms after it started, so an acknowledgement sent
+// before it would arrive with the count short.
+TEST_F(ServerTest, AcknowledgementFollowsTheSyncOfItsBatch) {
+  server_.reset();
+  std::atomic<int> syncs_done{0};
+  StartServer([&](int fd) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    const int rc = ::fdatasync(fd);
+    syncs_done.fetch_add(1);
+    return rc;
+  });
+  auto ingest = v1::Ingest::NewStub(channel_);
+  auto ctx = Context();
+  auto stream = ingest->Report(ctx.get());
+  for (uint64_t seq = 1; seq <= 4; ++seq) {
+    ASSERT_TRUE(stream->Write(StepBatch("node-0", seq, "job", 2, seq, 0.1)));
+    v1::IngestAck ack;
+    ASSERT_TRUE(stream->Read(&ack));
+    EXPECT_EQ(ack.acked_seq(), seq);
+    // One batch in flight at a time: each needs a sync of its own.
+    EXPECT_GE(syncs_done.load(), static_cast<int>(seq)) << "seq " << seq;
+  }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  server_.reset();  // before the sync function's counter goes
 }
 
 TEST_F(ServerTest, HealthServiceSaysServing) {

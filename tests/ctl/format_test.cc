@@ -501,5 +501,39 @@ TEST(FormatTest, JsonPrints64BitIntegersAsNumbers) {
   EXPECT_TRUE(fj.Find("summary")->is_string()) << *out;
 }
 
+// Kubernetes attribution: POD (NAMESPACE/POD) and CONTAINER columns appear before the summary
+// once a finding names a pod, and not at all off Kubernetes.
+TEST(FormatTest, FindingsShowTheirPodOnlyWhenOneIsKnown) {
+  v1::FindingsResponse r;
+  v1::Finding* f = r.add_findings();
+  f->set_severity("warning");
+  f->set_kind("straggler");
+  f->set_job("llm");
+  f->set_rank(2);
+  f->set_node("node-0");
+  f->set_gpu(2);
+  f->set_cause("unknown");
+  f->set_summary("rank 2 slow");
+  v1::Finding* g = r.add_findings();
+  *g = *f;
+  g->set_rank(3);
+  const std::string plain = FormatFindings(r);
+  EXPECT_EQ(plain.find("POD"), std::string::npos) << plain;
+  f->mutable_kubernetes_pod()->set_namespace_("team-y");
+  f->mutable_kubernetes_pod()->set_pod("train-x");
+  f->mutable_kubernetes_pod()->set_container("trainer");
+  const std::vector<std::string> lines = Lines(FormatFindings(r));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_LT(lines[0].find("POD"), lines[0].find("CONTAINER"));
+  EXPECT_LT(lines[0].find("CONTAINER"), lines[0].find("SUMMARY"));
+  EXPECT_NE(lines[1].find("team-y/train-x"), std::string::npos) << lines[1];
+  EXPECT_NE(lines[1].find("trainer"), std::string::npos) << lines[1];
+  // A finding in no pod reads "-" in both columns, its summary still last.
+  const size_t summary = lines[2].rfind("rank 2 slow");
+  ASSERT_NE(summary, std::string::npos) << lines[2];
+  EXPECT_EQ(summary + 11, lines[2].size()) << lines[2];
+  EXPECT_NE(lines[2].substr(0, summary).find("unknown  -"), std::string::npos) << lines[2];
+}
+
 }  // namespace
 }  // namespace stepwatch::ctl

@@ -24,6 +24,7 @@ import yaml
 
 import harness
 import test_deploy_static as static
+from nic_sysfs import FakeNicSysfs
 
 PROMETHEUS = "/usr/bin/prometheus"
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
@@ -271,11 +272,25 @@ class AlertingEndToEndTest(unittest.TestCase):
         cls.collector = cls.stack.enter_context(harness.Collector(tmp, tick=0.2, step_grace=1))
         cls.host_roots = [FakeHostRoot(os.path.join(tmp, f"{n}-root")) for n in NODES]
         cls.agents = []
+        cls.gpus = []
         for node, root in zip(NODES, cls.host_roots):
-            gpus = [harness.fake_gpu(0, utilization=92), harness.fake_gpu(1, utilization=88)]
+            # Healthy hardware with every health reading (PCIe, ECC, NVLink, row remapping), an
+            # application's Xid 13 on GPU 1 (no hardware fault: no alert), two network ports.
+            health = dict(pcie_link_gen=5, pcie_link_gen_max=5, pcie_link_width=16,
+                          pcie_link_width_max=16, pcie_replays=0, ecc_corrected_volatile=0,
+                          ecc_uncorrected_volatile=0, ecc_corrected_aggregate=0,
+                          ecc_uncorrected_aggregate=0, remapped_rows_corrected=0,
+                          remapped_rows_uncorrected=0, remapped_rows_pending=0,
+                          remapped_rows_failure=0, nvlink_up=[1] * 4,
+                          nvlink_replay_errors=[0] * 4, nvlink_recovery_errors=[0] * 4,
+                          nvlink_crc_flit_errors=[0] * 4, nvlink_crc_data_errors=[0] * 4)
+            gpus = [harness.fake_gpu(0, utilization=92, xids=[], **health),
+                    harness.fake_gpu(1, utilization=88, xids=[], **health)]
+            FakeNicSysfs(root.path, devices=2)
             cls.agents.append(cls.stack.enter_context(harness.Agent(
                 tmp, cls.collector.grpc_addr, node=node,
                 fake_nvml_state=harness.fake_nvml_state(gpus), host_root=root.path)))
+            cls.gpus.append(gpus)
         prom_port = harness.free_port()
         cls.prometheus = cls.stack.enter_context(Server("prometheus", [
             PROMETHEUS,
@@ -322,6 +337,11 @@ class AlertingEndToEndTest(unittest.TestCase):
 
     def test_grafana_panels_return_data(self):
         self.wait_for_straggler_series()
+        # An application's Xid on one GPU (the driver reports events once the agent registered for
+        # them, long before now): the Xid panel's series, and no hardware alert.
+        gpus = [dict(g) for g in self.gpus[0]]
+        gpus[1]["xids"] = [13]
+        self.agents[0].set_gpus(gpus)
         queries = []
         for name, board in static.dashboards().items():
             for title, expr in static.panel_exprs(board):

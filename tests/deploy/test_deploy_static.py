@@ -104,7 +104,7 @@ def is_exported(name, sources):
         if name.startswith(prefix) and f'"{name[len(prefix):]}"' in sources:
             return True
     # GPU and host metrics: metrics/node_metric_table.cc names them without the exporter's prefix.
-    for prefix in ("stepwatch_gpu_", "stepwatch_host_"):
+    for prefix in ("stepwatch_gpu_", "stepwatch_host_", "stepwatch_nic_"):
         if name.startswith(prefix) and f'"{name[len("stepwatch_"):]}"' in sources:
             return True
     return False
@@ -272,7 +272,8 @@ class PrometheusRulesTest(unittest.TestCase):
         a job's findings keeps only replicas whose last step of the job is recent."""
         for rule in alert_rules():
             m = re.search(r'stepwatch_finding\{kind="(\w+)"\}', rule["expr"])
-            if not m or m.group(1) == "idle_gpu":
+            # Findings about a GPU or a node, not a job's.
+            if not m or m.group(1) in ("idle_gpu", "gpu_health", "nic_health"):
                 continue
             with self.subTest(alert=rule["alert"]):
                 self.assertRegex(
@@ -310,7 +311,14 @@ class PrometheusRulesTest(unittest.TestCase):
     def test_alerts_say_what_where_and_what_to_look_at(self):
         for rule in alert_rules():
             with self.subTest(alert=rule["alert"]):
-                self.assertIn(rule["labels"]["severity"], ("info", "warning", "critical"))
+                # A fixed severity, or the finding's own (kept by the alert's `max by`).
+                severity = rule.get("labels", {}).get("severity")
+                if severity is None:
+                    m = re.search(r"max by \(([\w, ]+)\)", rule["expr"])
+                    self.assertTrue(m and "severity" in [x.strip() for x in m.group(1).split(",")],
+                                    "no severity: neither a label nor the finding's")
+                else:
+                    self.assertIn(severity, ("info", "warning", "critical"))
                 for key in ("summary", "description", "action"):
                     self.assertTrue(rule["annotations"].get(key), key)
                 # Alerts on a job's findings point at stepwatchctl explain for their job (an alert
@@ -329,7 +337,8 @@ class PrometheusRulesTest(unittest.TestCase):
         where = {"straggler": {"job", "rank", "node", "gpu"}, "slow_node": {"job", "node"},
                  "pipeline_imbalance": {"job", "stage"},
                  "underutilized_gpu": {"job", "node", "gpu"}, "idle_gpu": {"node", "gpu"},
-                 "scaling_efficiency": {"job"}, "regression": {"job"}, "stall": {"job"}}
+                 "scaling_efficiency": {"job"}, "regression": {"job"}, "stall": {"job"},
+                 "gpu_health": {"node", "gpu"}, "nic_health": {"node", "device"}}
         self.assertEqual(set(kinds), set(where), "a finding kind without a known alert shape")
         for kind in kinds:
             with self.subTest(kind=kind):
@@ -738,6 +747,13 @@ class KubernetesTest(unittest.TestCase):
         sock_dir = os.path.dirname(flags["socket"])
         self.assertIn(sock_dir, mounts)
         self.assertEqual(volumes[mounts[sock_dir]]["hostPath"]["path"], "/run/stepwatch")
+        # The kubelet's PodResources socket, read-only, for Kubernetes attribution.
+        kubelet_dir = os.path.dirname(flags["kubelet-socket"])
+        self.assertIn(kubelet_dir, mounts)
+        self.assertEqual(volumes[mounts[kubelet_dir]]["hostPath"]["path"],
+                         "/var/lib/kubelet/pod-resources")
+        self.assertTrue(next(m for m in c["volumeMounts"] if m["mountPath"] == kubelet_dir)
+                        .get("readOnly"))
         self.check_resources(c)
         metrics_port = int(flags["metrics-listen"].rsplit(":", 1)[1])
         self.assertIn(metrics_port, [p["containerPort"] for p in c["ports"]])

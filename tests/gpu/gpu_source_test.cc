@@ -32,7 +32,12 @@ constexpr char kTwoGpus[] = R"({
      "sm_clock_mhz": 1755, "sm_clock_max_mhz": 1980, "power_mw": 650000, "power_limit_mw": 700000,
      "temperature_c": 64, "throttle_reasons": 4, "pcie_tx_kbps": 1000, "pcie_rx_kbps": 2000,
      "nvlink_tx_kbps": 4000000, "nvlink_rx_kbps": 2000000,
-     "sm_activity": 0.8, "dram_bandwidth": 0.5, "tensor_activity": 0.6, "pids": [1234, 5678]},
+     "sm_activity": 0.8, "dram_bandwidth": 0.5, "tensor_activity": 0.6, "pids": [1234, 5678],
+     "pcie_link_gen": 5, "pcie_link_gen_max": 5, "pcie_link_width": 16, "pcie_link_width_max": 16,
+     "pcie_replays": 0, "ecc_corrected_volatile": 0, "ecc_uncorrected_volatile": 0,
+     "ecc_corrected_aggregate": 0, "ecc_uncorrected_aggregate": 0, "remapped_rows_corrected": 0,
+     "nvlink_up": [1, 1], "nvlink_replay_errors": [0, 0], "nvlink_recovery_errors": [0, 0],
+     "nvlink_crc_flit_errors": [0, 0], "nvlink_crc_data_errors": [0, 0]},
     {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-bbbb", "utilization_gpu": 12}
   ]
 })";

@@ -93,7 +93,8 @@ class NodeMetricsTest(unittest.TestCase):
                      "gpu_power_watts", "gpu_throttle_reasons", "gpu_info", "gpu_processes"):
             with self.subTest(values=name):
                 self.assertEqual(agent_families[name][3], collector_families[name][3])
-        key = (("gpu", "1"), ("node", "node-m"))
+        # A GPU in no Kubernetes pod: the pod labels are there, empty (docs/deploy.md).
+        key = (("container", ""), ("gpu", "1"), ("namespace", ""), ("node", "node-m"), ("pod", ""))
         self.assertEqual(collector_families["gpu_sm_clock_hertz"][3][key], 1410e6)
 
     def test_collector_exports_only_the_readings_of_gpus_in_findings(self):
@@ -129,12 +130,14 @@ class NodeMetricsTest(unittest.TestCase):
         # The idle GPU and its node's host readings; not node-i's busy GPU 0, nothing of node-q.
         self.assertEqual(places, {("node-i", "1"), ("node-i", None)})
         self.assertEqual(readings["gpu_utilization_ratio"][3],
-                         {(("gpu", "1"), ("node", "node-i")): 0.3})
+                         {(("container", ""), ("gpu", "1"), ("namespace", ""), ("node", "node-i"),
+                           ("pod", "")): 0.3})
         self.assertIn("host_cpus", readings)
         self.assertIsNone(metric_value(parse_metrics(text), "stepwatch_node_up", node="node-q"))
         # node-q's readings are on its agent's /metrics.
         self.assertEqual(set(agent_q["gpu_utilization_ratio"][3]),
-                         {(("gpu", "0"), ("node", "node-q")), (("gpu", "1"), ("node", "node-q"))})
+                         {(("container", ""), ("gpu", str(i)), ("namespace", ""), ("node", "node-q"),
+                           ("pod", "")) for i in (0, 1)})
 
 
 if __name__ == "__main__":

@@ -45,6 +45,22 @@ std::vector<v1::GpuSample> Gpus() {
   full.set_dram_bandwidth_ratio(0.5);
   full.set_tensor_activity_ratio(0.6);
   full.add_pids(11);
+  v1::GpuHealth* health = full.mutable_health();
+  health->set_pcie_link_generation_current(4);
+  health->set_pcie_link_generation_max(5);
+  health->set_pcie_link_width_current(16);
+  health->set_pcie_link_width_max(16);
+  health->set_pcie_replays_total(2);
+  health->mutable_ecc()->set_uncorrected_volatile(1);
+  health->mutable_remapped_rows()->set_pending(true);
+  v1::GpuHealth::NvLink* link = health->add_nvlinks();
+  link->set_link(0);
+  link->set_up(true);
+  link->set_replay_errors_total(3);
+  v1::GpuHealth::Xid* xid = health->add_xids();
+  xid->set_xid(79);
+  xid->set_count(1);
+  xid->set_last_unix_nanos(1'700'000'000'000'000'000);
   v1::GpuSample bare;  // a GPU whose driver gives nothing optional
   bare.set_index(1);
   (*bare.mutable_unavailable_metrics())["processes"] = "gpu_lost";
@@ -62,6 +78,25 @@ v1::HostSample Host() {
   h.set_network_transmit_bytes_total(2000);
   h.set_memory_bandwidth_bytes_per_second(5e10);
   h.set_memory_bandwidth_source("perf");
+  v1::NicPort* full = h.add_nic_ports();
+  full->set_device("mlx5_0:1");
+  full->set_link_layer("InfiniBand");
+  full->set_state(4);
+  full->set_physical_state(5);
+  full->set_rate_bytes_per_second(25e9);
+  full->set_link_width(4);
+  full->set_symbol_errors_total(3);
+  full->set_receive_errors_total(1);
+  full->set_link_downed_total(0);
+  full->set_transmit_discards_total(2);
+  full->set_transmit_wait_total(100);
+  full->set_received_bytes_total(4000);
+  full->set_transmitted_bytes_total(8000);
+  (*full->mutable_hw_counters())["out_of_buffer"] = 7;
+  v1::NicPort* bare = h.add_nic_ports();  // a port whose readings all failed
+  bare->set_device("mlx5_1:1");
+  bare->add_unavailable("state");
+  h.set_nic_ports_omitted(1);
   return h;
 }
 
@@ -110,7 +145,10 @@ std::map<std::string, Family> NodeFamilies(const std::vector<MetricFamily>& fami
   for (const MetricFamily& f : families) {
     if (!absl::StartsWith(f.name, prefix)) continue;
     const std::string name = f.name.substr(prefix.size());
-    if (!absl::StartsWith(name, "gpu_") && !absl::StartsWith(name, "host_")) continue;
+    if (!absl::StartsWith(name, "gpu_") && !absl::StartsWith(name, "host_") &&
+        !absl::StartsWith(name, "nic_")) {
+      continue;
+    }
     Family& family = out[name];
     family.type_and_help = absl::StrCat(static_cast<int>(f.type), " ", f.help);
     for (const prometheus::ClientMetric& m : f.metric) {
@@ -167,12 +205,24 @@ TEST(NodeMetricExportersTest, AgentAndCollectorShowTheSameGpuAndHostFamilies) {
     EXPECT_EQ(a.series, c.series);
   }
   // Spot checks that the comparison saw real series: units converted, absent readings left out.
-  EXPECT_EQ(collector.at("gpu_sm_clock_hertz").series.at("gpu=0,node=node-1"), 1410e6);
-  EXPECT_EQ(collector.at("gpu_utilization_ratio").series.count("gpu=1,node=node-1"), 0u);
-  EXPECT_EQ(collector.at("gpu_processes").series.count("gpu=1,node=node-1"), 0u);
+  EXPECT_EQ(
+      collector.at("gpu_sm_clock_hertz").series.at("container=,gpu=0,namespace=,node=node-1,pod="),
+      1410e6);
+  EXPECT_EQ(collector.at("gpu_utilization_ratio")
+                .series.count("container=,gpu=1,namespace=,node=node-1,pod="),
+            0u);
+  EXPECT_EQ(
+      collector.at("gpu_processes").series.count("container=,gpu=1,namespace=,node=node-1,pod="),
+      0u);
   EXPECT_EQ(
       collector.at("host_memory_bandwidth_bytes_per_second").series.at("node=node-1,source=perf"),
       5e10);
+  EXPECT_EQ(collector.at("nic_port_rate_bytes_per_second").series.at("device=mlx5_0:1,node=node-1"),
+            25e9);
+  EXPECT_EQ(collector.at("nic_port_errors_total")
+                .series.at("counter=symbol_error,device=mlx5_0:1,node=node-1"),
+            3);
+  EXPECT_EQ(collector.at("nic_port_up").series.count("device=mlx5_1:1,node=node-1"), 0u);
 }
 
 }  // namespace

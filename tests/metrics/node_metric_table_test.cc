@@ -102,7 +102,7 @@ TEST(NodeMetricTableTest, EntriesAreWellFormedAndUnique) {
     EXPECT_TRUE(names.insert(m.name).second) << "duplicate " << m.name;
   }
   for (const HostMetric& m : HostMetrics()) {
-    CheckEntry(m, "host_");
+    CheckEntry(m, absl::StartsWith(m.name, "nic_") ? "nic_" : "host_");
     EXPECT_TRUE(names.insert(m.name).second) << "duplicate " << m.name;
     EXPECT_EQ(m.reading, nullptr) << m.name;
     EXPECT_EQ(m.importance, Importance::kNormal) << m.name;

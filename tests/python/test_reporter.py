@@ -201,6 +201,59 @@ class ScopeTest(unittest.TestCase):
         for name in ("data_s", "compute_s", "comm_s", "samples"):
             self.assertNotIn(name, event)
 
+    def test_every_subset_of_phases_with_samples_and_sections(self):
+        # Each combination takes the step scope's own formatting: the event has exactly the
+        # phases that ran, their durations, and samples and sections when given.
+        rep, clock = self.rep, self.clock
+        phases = stepwatch.PHASES
+        for mask in range(8):
+            for samples in (None, 7):
+                for section in (None, "forward"):
+                    ran = [p for i, p in enumerate(phases) if mask >> i & 1]
+                    with rep.step(samples=samples):
+                        for i, name in enumerate(ran):
+                            with rep.phase(name):
+                                clock.advance(0.5 + i)
+                        if section:
+                            with rep.phase(section):
+                                clock.advance(0.25)
+                        clock.advance(0.125)
+                    event = self.agent.recv()
+                    label = (ran, samples, section)
+                    expected = {p + "_s": 0.5 + i for i, p in enumerate(ran)}
+                    if section:  # a section outside a phase is compute time
+                        expected["compute_s"] = expected.get("compute_s", 0) + 0.25
+                    got = {k: v for k, v in event.items() if k.endswith("_s") and k != "step_s"}
+                    self.assertEqual(got.keys(), expected.keys(), label)
+                    for key, value in expected.items():
+                        self.assertAlmostEqual(got[key], value, msg=label)
+                    self.assertAlmostEqual(event["step_s"], sum(expected.values()) + 0.125,
+                                           msg=label)
+                    self.assertEqual(event.get("samples"), samples, label)
+                    self.assertEqual(event.get("sections"),
+                                     {"forward": 0.25} if section else None, label)
+                    self.assertNotIn("dropped", event, label)
+        self.assertEqual(rep.sent, 32)
+        self.assertEqual(rep.dropped, 0)
+
+    def test_drops_before_a_step_are_reported_with_it(self):
+        rep, clock = self.rep, self.clock
+        with rep.step(samples=-1):  # refused by the agent's rules: dropped, counted
+            with rep.phase("compute"):
+                clock.advance(0.5)
+        self.assertEqual(rep.dropped, 1)
+        with rep.step():
+            with rep.phase("compute"):
+                clock.advance(0.5)
+        event = self.agent.recv()
+        self.assertEqual(event["dropped"], 1)
+        self.assertAlmostEqual(event["compute_s"], 0.5)
+        with rep.step(samples=3):
+            clock.advance(0.5)
+        event = self.agent.recv()
+        self.assertNotIn("dropped", event)
+        self.assertEqual(event["samples"], 3)
+
     def test_phase_before_step_belongs_to_next_step(self):
         rep, clock = self.rep, self.clock
         with rep.phase("data"):

@@ -7,8 +7,10 @@
 // The state also chooses which real driver to behave like: the process-entry layout of
 // nvmlDeviceGetComputeRunningProcesses_v3 follows driver_version (32-byte entries on 535.43 to
 // 535.86, not implemented on 535.98), entry points can be made missing, GPM's metric array size
-// follows gpm_metric_max, GPUs can be in MIG mode, NVLink counters are per link, and any entry
-// point can fail with a chosen NVML error on a chosen GPU.
+// follows gpm_metric_max, GPUs can be in MIG mode, NVLink counters are per link, health readings
+// (PCIe link, ECC, row remapping, NVLink state and errors) follow the state, Xid events appended
+// to the state are delivered once through an event set, and any entry point can fail with a
+// chosen NVML error on a chosen GPU.
 //
 // The NVML types below are declared here, independently of gpu/nvml_abi.h, with fixed-width types
 // and byte offsets written out from NVIDIA's documentation, so that a layout mistake in the agent's
@@ -23,6 +25,7 @@
 // function-local object guarded by a mutex.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstddef>
@@ -36,6 +39,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -53,6 +57,7 @@ enum : int32_t {
   RC_NO_PERMISSION = 4,
   RC_INSUFFICIENT_SIZE = 7,
   RC_DRIVER_NOT_LOADED = 9,
+  RC_TIMEOUT = 10,
   RC_FUNCTION_NOT_FOUND = 13,
   RC_GPU_IS_LOST = 15,
 };
@@ -64,6 +69,10 @@ struct Gpu {
 struct GpmSampleRec {
   uint32_t device_index;
   bool taken;
+};
+// An event set: the GPUs registered in it and how many of each GPU's Xid events it delivered.
+struct EventSetRec {
+  std::map<uint32_t, size_t> delivered;
 };
 
 struct UtilizationRec {  // nvmlUtilization_t
@@ -106,6 +115,12 @@ struct FieldRec {  // nvmlFieldValue_t
   int32_t ret;
   uint64_t value;  // a union of 8 bytes; written with memcpy per value type
 };
+struct EventDataRec {  // nvmlEventData_t as nvmlEventSetWait_v2 writes it
+  Gpu* device;
+  uint64_t event_type;
+  uint64_t event_data;
+  uint32_t gpu_instance_id, compute_instance_id;
+};
 struct GpmSupportRec {  // nvmlGpmSupport_t
   uint32_t version, supported;
 };
@@ -123,7 +138,9 @@ struct GpmMetricRec {
 };
 static_assert(sizeof(ProcessRec16) == 16 && sizeof(ProcessRec24) == 24 &&
                   sizeof(ProcessRec32) == 32 && sizeof(TemperatureRec) == 12 &&
-                  sizeof(FieldRec) == 40 && sizeof(GpmGetHead) == 24 && sizeof(GpmMetricRec) == 40,
+                  sizeof(FieldRec) == 40 && sizeof(GpmGetHead) == 24 &&
+                  sizeof(GpmMetricRec) == 40 && sizeof(EventDataRec) == 32 &&
+                  offsetof(EventDataRec, event_data) == 16,
               "fake NVML records");
 
 // [[maybe_unused]]: the FAKE_NVML_MINIMAL build leaves out the entry points that use these.
@@ -134,6 +151,11 @@ static_assert(sizeof(ProcessRec16) == 16 && sizeof(ProcessRec24) == 24 &&
 [[maybe_unused]] constexpr int32_t kValueTypeUll = 3;
 [[maybe_unused]] constexpr uint32_t kGpmMetricsGetVersion = 1, kGpmSupportVersion = 1;
 [[maybe_unused]] constexpr uint32_t kGpmSmUtil = 2, kGpmAnyTensorUtil = 5, kGpmDramBwUtil = 10;
+// nvmlMemoryErrorType_t (corrected 0, uncorrected 1), nvmlEccCounterType_t (volatile 0,
+// aggregate 1), nvmlNvLinkErrorCounter_t (replay 0, recovery 1, CRC flit 2, CRC data 3).
+[[maybe_unused]] constexpr uint32_t kEccUncorrected = 1, kEccAggregate = 1;
+[[maybe_unused]] constexpr uint32_t kNvlinkErrorCounters = 4;
+[[maybe_unused]] constexpr uint64_t kEventTypeXid = 0x8;
 
 }  // namespace fake_nvml
 
@@ -160,6 +182,19 @@ struct FakeGpu {
   std::optional<double> sm_activity, dram_bandwidth, tensor_activity;
   std::optional<std::vector<unsigned int>> pids;
   bool mig = false;
+  // Health (docs/fake-nvml.md): PCIe link and replays, ECC, row remapping.
+  std::optional<double> pcie_link_gen, pcie_link_gen_max, pcie_link_gen_gpu_max;
+  std::optional<double> pcie_link_width, pcie_link_width_max, pcie_replays;
+  // [uncorrected][aggregate]
+  std::optional<double> ecc[2][2];
+  std::optional<double> remapped_rows_corrected, remapped_rows_uncorrected;
+  std::optional<double> remapped_rows_pending, remapped_rows_failure;
+  // Per NVLink: 1 up, 0 down (the GPU's links); error counters by nvmlNvLinkErrorCounter_t.
+  std::vector<double> nvlink_up;
+  std::vector<double> nvlink_errors[kNvlinkErrorCounters];
+  // Every Xid event of this GPU so far, oldest first; an event set delivers those added after
+  // the GPU was registered in it.
+  std::vector<double> xids;
   // Entry point name -> the NVML error it returns on this GPU.
   std::map<std::string, int32_t> errors;
 };
@@ -288,12 +323,37 @@ absl::StatusOr<FakeState> ParseState(const std::string& text) {
         {"sm_activity", &gpu.sm_activity},
         {"dram_bandwidth", &gpu.dram_bandwidth},
         {"tensor_activity", &gpu.tensor_activity},
+        {"pcie_link_gen", &gpu.pcie_link_gen},
+        {"pcie_link_gen_max", &gpu.pcie_link_gen_max},
+        {"pcie_link_gen_gpu_max", &gpu.pcie_link_gen_gpu_max},
+        {"pcie_link_width", &gpu.pcie_link_width},
+        {"pcie_link_width_max", &gpu.pcie_link_width_max},
+        {"pcie_replays", &gpu.pcie_replays},
+        {"ecc_corrected_volatile", &gpu.ecc[0][0]},
+        {"ecc_uncorrected_volatile", &gpu.ecc[1][0]},
+        {"ecc_corrected_aggregate", &gpu.ecc[0][1]},
+        {"ecc_uncorrected_aggregate", &gpu.ecc[1][1]},
+        {"remapped_rows_corrected", &gpu.remapped_rows_corrected},
+        {"remapped_rows_uncorrected", &gpu.remapped_rows_uncorrected},
+        {"remapped_rows_pending", &gpu.remapped_rows_pending},
+        {"remapped_rows_failure", &gpu.remapped_rows_failure},
     };
     for (const Field& f : fields) {
       absl::Status s = ReadNumber(g, f.key, f.out);
       if (!s.ok()) return s;
     }
     if (absl::Status s = ReadNvlink(g, &gpu); !s.ok()) return s;
+    const std::pair<const char*, std::vector<double>*> arrays[] = {
+        {"nvlink_up", &gpu.nvlink_up},
+        {"nvlink_replay_errors", &gpu.nvlink_errors[0]},
+        {"nvlink_recovery_errors", &gpu.nvlink_errors[1]},
+        {"nvlink_crc_flit_errors", &gpu.nvlink_errors[2]},
+        {"nvlink_crc_data_errors", &gpu.nvlink_errors[3]},
+        {"xids", &gpu.xids},
+    };
+    for (const auto& [key, out] : arrays) {
+      if (absl::Status s = ReadNumbers(g, key, out); !s.ok()) return s;
+    }
     if (const json::Value* v = g.Find("pids"); v != nullptr && !v->is_null()) {
       if (!v->is_array()) return absl::InvalidArgumentError("pids must be an array");
       std::vector<unsigned int> pids;
@@ -403,6 +463,15 @@ class Fake {
     return gpm_min_gap_us_;
   }
 
+  // Records the timeout of an nvmlEventSetWait_v2 call (called inside With).
+  void NoteEventWait(unsigned int timeout_ms) {
+    if (static_cast<int64_t>(timeout_ms) > max_event_wait_ms_) max_event_wait_ms_ = timeout_ms;
+  }
+  int64_t max_event_wait_ms() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_event_wait_ms_;
+  }
+
   // Cumulative per-link KiB, integrated from the configured rates since the previous query.
   const NvlinkCounter& AdvanceNvlink(unsigned int index, const FakeGpu& gpu) {
     NvlinkCounter& c = nvlink_[index];
@@ -475,6 +544,7 @@ class Fake {
   NvlinkCounter nvlink_[kMaxGpus];
   std::chrono::steady_clock::time_point gpm_last_[kMaxGpus] = {};
   int64_t gpm_min_gap_us_ = -1;
+  int64_t max_event_wait_ms_ = -1;
 };
 
 int32_t CopyString(const std::string& s, char* out, unsigned int length) {
@@ -577,6 +647,11 @@ FAKE_NVML_EXPORT int stepwatch_fake_nvml_init_count() { return Fake::Get().init_
 FAKE_NVML_EXPORT int64_t stepwatch_fake_nvml_gpm_min_gap_us() {
   return Fake::Get().gpm_min_gap_us();
 }
+// Not NVML: the longest timeout any nvmlEventSetWait_v2 call asked for, milliseconds (-1: none),
+// to check that the loader never waits for events.
+FAKE_NVML_EXPORT int64_t stepwatch_fake_nvml_max_event_wait_ms() {
+  return Fake::Get().max_event_wait_ms();
+}
 
 FAKE_NVML_EXPORT const char* nvmlErrorString(int32_t rc) {
   switch (rc) {
@@ -594,6 +669,8 @@ FAKE_NVML_EXPORT const char* nvmlErrorString(int32_t rc) {
       return "Insufficient Size";
     case RC_DRIVER_NOT_LOADED:
       return "Driver Not Loaded";
+    case RC_TIMEOUT:
+      return "Timeout";
     case RC_FUNCTION_NOT_FOUND:
       return "Function Not Found";
     case RC_GPU_IS_LOST:
@@ -886,6 +963,170 @@ FAKE_NVML_EXPORT int32_t nvmlGpmMetricsGet(GpmGetHead* get) {
       memcpy(&records[i], &m, sizeof(m));
     }
     return int32_t{RC_SUCCESS};
+  });
+}
+
+// Health. A field the state leaves out makes its entry point return NOT_SUPPORTED.
+namespace {
+
+[[maybe_unused]] int32_t GpuUint(const char* function, Gpu* device,
+                                 std::optional<double> FakeGpu::*field, unsigned int* out) {
+  return Fake::Get().WithGpu(
+      function, device,
+      [&](const FakeState&, const FakeGpu& g, unsigned int) { return PutUint(g.*field, out); });
+}
+
+// The value of link `link` in a per-link array: INVALID_ARGUMENT past the GPU's links,
+// NOT_SUPPORTED when the array is absent.
+[[maybe_unused]] int32_t LinkValue(const FakeGpu& g, const std::vector<double>& values,
+                                   unsigned int link, double* out) {
+  if (g.nvlink_up.empty() && values.empty()) return RC_NOT_SUPPORTED;
+  if (link >= std::max(g.nvlink_up.size(), values.size())) return RC_INVALID_ARGUMENT;
+  if (link >= values.size()) return RC_NOT_SUPPORTED;
+  *out = values[link];
+  return RC_SUCCESS;
+}
+
+}  // namespace
+
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetCurrPcieLinkGeneration(Gpu* device, unsigned int* gen) {
+  return GpuUint("nvmlDeviceGetCurrPcieLinkGeneration", device, &FakeGpu::pcie_link_gen, gen);
+}
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetMaxPcieLinkGeneration(Gpu* device, unsigned int* gen) {
+  return GpuUint("nvmlDeviceGetMaxPcieLinkGeneration", device, &FakeGpu::pcie_link_gen_max, gen);
+}
+// The GPU's own maximum; defaults to pcie_link_gen_max (a slot as fast as the GPU).
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetGpuMaxPcieLinkGeneration(Gpu* device, unsigned int* gen) {
+  return Fake::Get().WithGpu("nvmlDeviceGetGpuMaxPcieLinkGeneration", device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int) {
+                               return PutUint(g.pcie_link_gen_gpu_max.has_value()
+                                                  ? g.pcie_link_gen_gpu_max
+                                                  : g.pcie_link_gen_max,
+                                              gen);
+                             });
+}
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetCurrPcieLinkWidth(Gpu* device, unsigned int* width) {
+  return GpuUint("nvmlDeviceGetCurrPcieLinkWidth", device, &FakeGpu::pcie_link_width, width);
+}
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetMaxPcieLinkWidth(Gpu* device, unsigned int* width) {
+  return GpuUint("nvmlDeviceGetMaxPcieLinkWidth", device, &FakeGpu::pcie_link_width_max, width);
+}
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetPcieReplayCounter(Gpu* device, unsigned int* value) {
+  return GpuUint("nvmlDeviceGetPcieReplayCounter", device, &FakeGpu::pcie_replays, value);
+}
+
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetTotalEccErrors(Gpu* device, uint32_t error_type,
+                                                     uint32_t counter_type, uint64_t* count) {
+  return Fake::Get().WithGpu(
+      "nvmlDeviceGetTotalEccErrors", device, [&](const FakeState&, const FakeGpu& g, unsigned int) {
+        if (count == nullptr || error_type > kEccUncorrected || counter_type > kEccAggregate) {
+          return int32_t{RC_INVALID_ARGUMENT};
+        }
+        const std::optional<double>& v = g.ecc[error_type][counter_type];
+        if (!v.has_value()) return int32_t{RC_NOT_SUPPORTED};
+        *count = static_cast<uint64_t>(*v);
+        return int32_t{RC_SUCCESS};
+      });
+}
+
+// Supported when the state has remapped_rows_corrected; the other three default to 0.
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetRemappedRows(Gpu* device, unsigned int* corrected,
+                                                   unsigned int* uncorrected, unsigned int* pending,
+                                                   unsigned int* failure) {
+  return Fake::Get().WithGpu("nvmlDeviceGetRemappedRows", device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int) {
+                               if (corrected == nullptr || uncorrected == nullptr ||
+                                   pending == nullptr || failure == nullptr) {
+                                 return int32_t{RC_INVALID_ARGUMENT};
+                               }
+                               if (!g.remapped_rows_corrected.has_value())
+                                 return int32_t{RC_NOT_SUPPORTED};
+                               *corrected = AsUint(*g.remapped_rows_corrected);
+                               *uncorrected = AsUint(g.remapped_rows_uncorrected.value_or(0));
+                               *pending = AsUint(g.remapped_rows_pending.value_or(0)) != 0 ? 1 : 0;
+                               *failure = AsUint(g.remapped_rows_failure.value_or(0)) != 0 ? 1 : 0;
+                               return int32_t{RC_SUCCESS};
+                             });
+}
+
+// nvmlEnableState_t: 1 enabled (up), 0 disabled (down).
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetNvLinkState(Gpu* device, unsigned int link,
+                                                  uint32_t* active) {
+  return Fake::Get().WithGpu("nvmlDeviceGetNvLinkState", device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int) {
+                               if (active == nullptr) return int32_t{RC_INVALID_ARGUMENT};
+                               if (g.nvlink_up.empty()) return int32_t{RC_NOT_SUPPORTED};
+                               if (link >= g.nvlink_up.size()) return int32_t{RC_INVALID_ARGUMENT};
+                               *active = g.nvlink_up[link] != 0 ? 1 : 0;
+                               return int32_t{RC_SUCCESS};
+                             });
+}
+
+FAKE_NVML_EXPORT int32_t nvmlDeviceGetNvLinkErrorCounter(Gpu* device, unsigned int link,
+                                                         uint32_t counter, uint64_t* value) {
+  return Fake::Get().WithGpu("nvmlDeviceGetNvLinkErrorCounter", device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int) {
+                               if (value == nullptr || counter >= kNvlinkErrorCounters) {
+                                 return int32_t{RC_INVALID_ARGUMENT};
+                               }
+                               double v = 0;
+                               const int32_t rc = LinkValue(g, g.nvlink_errors[counter], link, &v);
+                               if (rc == RC_SUCCESS) *value = static_cast<uint64_t>(v);
+                               return rc;
+                             });
+}
+
+FAKE_NVML_EXPORT int32_t nvmlEventSetCreate(EventSetRec** set) {
+  if (set == nullptr) return RC_INVALID_ARGUMENT;
+  return Fake::Get().With("nvmlEventSetCreate", [&](const FakeState&) {
+    *set = new EventSetRec();
+    return int32_t{RC_SUCCESS};
+  });
+}
+
+FAKE_NVML_EXPORT int32_t nvmlEventSetFree(EventSetRec* set) {
+  if (set == nullptr) return RC_INVALID_ARGUMENT;
+  return Fake::Get().With("nvmlEventSetFree", [&](const FakeState&) {
+    delete set;
+    return int32_t{RC_SUCCESS};
+  });
+}
+
+// Only Xid events are supported; events that happened before the registration are not seen.
+FAKE_NVML_EXPORT int32_t nvmlDeviceRegisterEvents(Gpu* device, uint64_t types, EventSetRec* set) {
+  return Fake::Get().WithGpu("nvmlDeviceRegisterEvents", device,
+                             [&](const FakeState&, const FakeGpu& g, unsigned int index) {
+                               if (set == nullptr) return int32_t{RC_INVALID_ARGUMENT};
+                               if (types == 0 || (types & ~kEventTypeXid) != 0) {
+                                 return int32_t{RC_NOT_SUPPORTED};
+                               }
+                               if (set->delivered.count(index) == 0) {
+                                 set->delivered[index] = g.xids.size();
+                               }
+                               return int32_t{RC_SUCCESS};
+                             });
+}
+
+// The oldest Xid event not yet delivered by `set`, or TIMEOUT at once (the fake never waits; the
+// longest timeout asked for is recorded).
+FAKE_NVML_EXPORT int32_t nvmlEventSetWait_v2(EventSetRec* set, EventDataRec* data,
+                                             unsigned int timeout_ms) {
+  if (set == nullptr || data == nullptr) return RC_INVALID_ARGUMENT;
+  return Fake::Get().With("nvmlEventSetWait_v2", [&](const FakeState& s) {
+    Fake::Get().NoteEventWait(timeout_ms);
+    for (auto& [index, delivered] : set->delivered) {
+      if (index >= s.gpus.size()) continue;
+      const std::vector<double>& xids = s.gpus[index].xids;
+      delivered = std::min(delivered, xids.size());  // The state was rewritten shorter.
+      if (delivered == xids.size()) continue;
+      data->device = Fake::Get().Handle(index);
+      data->event_type = kEventTypeXid;
+      data->event_data = static_cast<uint64_t>(xids[delivered]);
+      data->gpu_instance_id = data->compute_instance_id = 0xFFFFFFFFu;
+      ++delivered;
+      return int32_t{RC_SUCCESS};
+    }
+    return int32_t{RC_TIMEOUT};
   });
 }
 
