@@ -52,7 +52,8 @@ class HealthFindingsTest(unittest.TestCase):
 
     def test_each_gpu_fault_is_its_own_finding_and_a_healthy_node_has_none(self):
         # GPU 1 idles at gen 1 x16 (power saving, no fault); the others are busy and healthy.
-        gpus = [gpu(0), gpu(1, utilization=0, pids=[], pcie_link_gen=1), gpu(2), gpu(3)]
+        gpus = ([gpu(0), gpu(1, utilization=0, pids=[], pcie_link_gen=1)] +
+                [gpu(i) for i in range(2, 8)])
         with Collector(self.tmp, export_node_metrics="all") as collector, \
                 Agent(self.tmp, collector.grpc_addr, node="node-h",
                       fake_nvml_state=fake_nvml_state(gpus)) as agent:
@@ -68,21 +69,32 @@ class HealthFindingsTest(unittest.TestCase):
             faulty[2]["xids"] = [79]                        # fell off the bus
             faulty[3]["remapped_rows_failure"] = 1
             faulty[3]["remapped_rows_pending"] = 1
+            faulty[4].update(pcie_link_gen=3, pcie_link_width=8)  # busy, trained down
+            faulty[5]["pcie_replays"] = 7 + 150
+            faulty[6]["nvlink_replay_errors"] = [5, 5, 5 + 12, 5]
+            faulty[7]["remapped_rows_pending"] = 1
             agent.set_gpus(faulty)
             expected = [("node-h", 0, "", "ecc_uncorrected", "critical"),
                         ("node-h", 2, "", "xid", "critical"),
-                        ("node-h", 3, "", "row_remap_failure", "critical")]
+                        ("node-h", 3, "", "row_remap_failure", "critical"),
+                        ("node-h", 4, "", "pcie_downgraded", "warning"),
+                        ("node-h", 5, "", "pcie_replays", "warning"),
+                        ("node-h", 6, "", "nvlink_errors", "warning"),
+                        ("node-h", 7, "", "row_remap_pending", "warning")]
             wait_until(lambda: health_findings(collector) == expected, timeout=30,
                        message="one gpu_health finding per faulty GPU: %s" % expected)
             self.assertEqual(finding_series(collector, "gpu_health"),
-                             [("node-h", "0", "", "ecc_uncorrected"), ("node-h", "2", "", "xid"),
-                              ("node-h", "3", "", "row_remap_failure")])
+                             [(n, str(g), d, c) for n, g, d, c, _ in expected])
             by_gpu = {f["gpu"]: f for f in ctl_json(collector.grpc_addr, "findings")["findings"]
                       if f["kind"] == "gpu_health"}
             self.assertIn("Xid 79 (GPU has fallen off the bus)", by_gpu[2]["summary"])
             self.assertIn("no job on the node", by_gpu[2]["summary"])
             self.assertEqual(by_gpu[3]["causes"], ["row_remap_failure", "row_remap_pending"])
             self.assertIn("replace", by_gpu[3]["action"])
+            self.assertIn("PCIe gen 3 x8 of gen 5 x16 while busy", by_gpu[4]["summary"])
+            self.assertIn("150 PCIe replays", by_gpu[5]["summary"])
+            self.assertIn("12 NVLink errors", by_gpu[6]["summary"])
+            self.assertIn("reset", by_gpu[7]["action"])
 
     def test_a_straggler_on_a_faulty_gpu_carries_the_fault_as_its_cause(self):
         gpus = [gpu(i) for i in range(4)]
