@@ -25,14 +25,23 @@ int SeverityRank(Severity s) {
   return 3;
 }
 
-// Keeps the start of a fault that was already active in `before`.
-void Carry(const std::vector<HealthFault>& before, HealthFault* f) {
+// Appends a fault seen at `now` to `next`, keeping its start when it was already active in
+// `before` (the same cause on the same device).
+void AddFault(const std::vector<HealthFault>& before, int64_t now, Cause cause, Severity severity,
+              std::string evidence, const std::string& device, std::vector<HealthFault>* next) {
+  HealthFault f;
+  f.cause = cause;
+  f.severity = severity;
+  f.since_unix_nanos = now;
+  f.evidence = std::move(evidence);
+  f.device = device;
   for (const HealthFault& b : before) {
-    if (b.cause == f->cause && b.device == f->device) {
-      f->since_unix_nanos = b.since_unix_nanos;
-      return;
+    if (b.cause == f.cause && b.device == f.device) {
+      f.since_unix_nanos = b.since_unix_nanos;
+      break;
     }
   }
+  next->push_back(std::move(f));
 }
 
 }  // namespace
@@ -69,13 +78,7 @@ uint64_t RiseWindow::Add(int64_t nanos, uint64_t total, int64_t window) {
 
 void GpuHealthTracker::Hold(Cause cause, Severity severity, std::string evidence, int64_t now,
                             std::vector<HealthFault>* next) const {
-  HealthFault f;
-  f.cause = cause;
-  f.severity = severity;
-  f.since_unix_nanos = now;
-  f.evidence = std::move(evidence);
-  Carry(faults_, &f);
-  next->push_back(std::move(f));
+  AddFault(faults_, now, cause, severity, std::move(evidence), "", next);
 }
 
 void GpuHealthTracker::Update(const GpuSample& x, const EngineOptions& opt) {
@@ -195,14 +198,7 @@ void NicHealthTracker::Update(const HostSample& x, const EngineOptions& opt) {
   const int64_t window = opt.health_window_nanos;
   std::vector<HealthFault> next;
   auto hold = [&](const std::string& device, Cause cause, Severity severity, std::string evidence) {
-    HealthFault f;
-    f.cause = cause;
-    f.severity = severity;
-    f.since_unix_nanos = now;
-    f.evidence = std::move(evidence);
-    f.device = device;
-    Carry(faults_, &f);
-    next.push_back(std::move(f));
+    AddFault(faults_, now, cause, severity, std::move(evidence), device, &next);
   };
   // The best rate and width among the node's ports that are up: a port under them trained down
   // (a bad cable or transceiver), while ports of different kinds on one node are rare.
