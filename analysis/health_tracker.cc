@@ -209,13 +209,22 @@ void NicHealthTracker::Update(const HostSample& x, const EngineOptions& opt) {
     best_rate = std::max(best_rate, p.rate_bytes_per_second.value_or(0));
     best_width = std::max(best_width, p.link_width.value_or(0));
   }
-  // Ports that left the reading are forgotten, so a node that renames its ports cannot grow this.
-  std::map<std::string, Port, std::less<>> kept;
+  // Ports that left the reading are forgotten, so a node that renames its ports cannot grow this;
+  // the map is rebuilt only when the set of ports changed (the usual reading has the same ports).
+  bool same = true;
+  for (const NicPortHealth& p : x.nic_ports) same = same && ports_.count(p.device) > 0;
+  if (!same || ports_.size() != x.nic_ports.size()) {
+    std::map<std::string, Port, std::less<>> kept;
+    for (const NicPortHealth& p : x.nic_ports) {
+      if (p.device.empty()) continue;
+      auto old = ports_.find(p.device);
+      kept[p.device] = old != ports_.end() ? old->second : Port();
+    }
+    ports_ = std::move(kept);
+  }
   for (const NicPortHealth& p : x.nic_ports) {
     if (p.device.empty()) continue;
-    auto old = ports_.find(p.device);
-    Port& port = kept[p.device];
-    if (old != ports_.end()) port = old->second;
+    Port& port = ports_.find(p.device)->second;
     if (p.Known()) {
       if (p.Up()) {
         port.was_up = true;
@@ -243,7 +252,6 @@ void NicHealthTracker::Update(const HostSample& x, const EngineOptions& opt) {
                           p.device, errors, downed, window / 60e9));
     }
   }
-  ports_ = std::move(kept);
   SortFaults(&next);
   faults_ = std::move(next);
 }
