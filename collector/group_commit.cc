@@ -17,7 +17,7 @@ void GroupCommitter::Then(Done done) {
   {
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
-      if (waiting_.empty()) oldest_request_ = absl::Now();
+      if (waiting_.empty()) oldest_request_ = clock_.MonotonicNow();
       waiting_.push_back(std::move(done));
       return;
     }
@@ -65,9 +65,11 @@ bool GroupCommitter::NextGroup(std::vector<Done>* group) {
                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !waiting_.empty(); };
   mu_.Await(absl::Condition(&ready));
   // The requests that arrive meanwhile join this group.
-  const absl::Time due = oldest_request_ + interval_;
-  while (!stopping_ && absl::Now() < due) {
-    mu_.AwaitWithDeadline(absl::Condition(&stopping_), due);
+  // On the monotonic clock: a wall clock stepped back must not hold every acknowledgement.
+  const absl::Duration due = oldest_request_ + interval_;
+  for (absl::Duration left = due - clock_.MonotonicNow(); !stopping_ && left > absl::ZeroDuration();
+       left = due - clock_.MonotonicNow()) {
+    clock_.AwaitFor(&mu_, absl::Condition(&stopping_), left);
   }
   group->swap(waiting_);
   return !stopping_;

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 
 namespace stepwatch::collector {
 
@@ -60,10 +61,12 @@ class GroupCommitter {
 
   const SyncFn sync_;
   const absl::Duration interval_;
+  const RealClock clock_;
   mutable absl::Mutex mu_;
   std::vector<Done> waiting_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Time oldest_request_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Measured on clock_'s monotonic time.
+  absl::Duration oldest_request_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   uint64_t syncs_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t failed_syncs_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
