@@ -10,7 +10,7 @@ import tempfile
 import unittest
 
 from harness import (Agent, Collector, ctl_json, fake_gpu, fake_nvml_state, metric_samples,
-                     step_event, wait_until)
+                     metric_value, step_event, wait_until)
 from nic_sysfs import FakeNicSysfs
 
 
@@ -42,6 +42,13 @@ def finding_series(collector, kind):
                   if v == 1 and l.get("kind") == kind)
 
 
+def wait_for_more_samples(collector, counter, more):
+    """Waits until the collector has received `more` further samples (counted by `counter`)."""
+    start = metric_value(collector.scrape(), counter) or 0
+    wait_until(lambda: (metric_value(collector.scrape(), counter) or 0) >= start + more,
+               timeout=30, message="%d more samples (%s)" % (more, counter))
+
+
 class HealthFindingsTest(unittest.TestCase):
     def setUp(self):
         self._tmp = tempfile.TemporaryDirectory(prefix="stepwatch-health-")
@@ -59,9 +66,9 @@ class HealthFindingsTest(unittest.TestCase):
                       fake_nvml_state=fake_nvml_state(gpus)) as agent:
             wait_until(lambda: metric_samples(collector.scrape(), "stepwatch_gpu_pcie_replays_total"),
                        timeout=30, message="the GPUs' health at the collector")
-            # Several readings of the healthy node: no health finding.
-            for _ in range(10):
-                agent.scrape()
+            # Several more readings of the healthy node judged: no health finding.
+            wait_for_more_samples(collector, "stepwatch_collector_gpu_samples_received_total",
+                                  5 * len(gpus))
             self.assertEqual(health_findings(collector), [])
 
             faulty = copy.deepcopy(gpus)
@@ -146,8 +153,7 @@ class HealthFindingsTest(unittest.TestCase):
             wait_until(lambda: len(metric_samples(collector.scrape(),
                                                   "stepwatch_nic_port_up")) == 4,
                        timeout=30, message="the ports at the collector")
-            for _ in range(10):
-                agent.scrape()
+            wait_for_more_samples(collector, "stepwatch_collector_host_samples_received_total", 5)
             self.assertEqual(health_findings(collector, "nic_health"), [])
 
             sysfs.set_state("mlx5_1:1", 1, 3)                     # down
