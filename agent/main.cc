@@ -29,7 +29,10 @@
 #include "common/version.h"
 #include "gpu/gpu_source.h"
 #include "host/host_sampler.h"
+#include "http/metrics_endpoint_flags.h"
 #include "security/client_security.h"
+#include "security/tls_client_flags.h"
+#include "security/tls_flags.h"
 
 ABSL_FLAG(std::string, collector, "127.0.0.1:7070",
           "Collectors to ship to: HOST:PORT[,HOST:PORT...] ([V6]:PORT for IPv6), or "
@@ -48,16 +51,6 @@ ABSL_FLAG(double, failover_after, 2.0,
           "Seconds (0.1..86400) a collector must be unreachable before its jobs move to the next "
           "collector in their order (they move back once it reconnects). Shorter outages are only "
           "buffered.");
-ABSL_FLAG(std::string, tls_ca, "",
-          "PEM CA bundle that signed the collector's certificate: ship to the collector over TLS "
-          "and verify it (its certificate must name the host in --collector). Empty: plaintext.");
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM client certificate, for a collector that requires them (--tls-client-ca); "
-          "reloaded when it changes.");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert.");
-ABSL_FLAG(std::string, auth_token_file, "",
-          "File whose first line is the bearer token sent to the collector; re-read when it "
-          "changes. Empty: no token.");
 ABSL_FLAG(std::string, socket, "/run/stepwatch/agent.sock",
           "Unix datagram socket that training processes send step events to (clients read "
           "STEPWATCH_SOCKET). The parent directory is created; a stale socket file is replaced. "
@@ -91,19 +84,6 @@ ABSL_FLAG(int64_t, max_pending_events, 200000,
           "Most step events waiting for the next batch; more are dropped and counted.");
 ABSL_FLAG(std::string, nvml_library, "libnvidia-ml.so.1",
           "NVML library to load with dlopen. Without it the agent runs without GPU metrics.");
-ABSL_FLAG(std::string, metrics_listen, "",
-          "Serve the node's raw GPU/host metrics and the agent's health on "
-          "http://HOST:PORT/metrics (\":PORT\" for all interfaces). Empty: no metrics endpoint.");
-ABSL_FLAG(std::string, metrics_basic_auth_file, "",
-          "File of \"USER:BCRYPT_HASH\" lines (htpasswd -nB USER): --metrics-listen asks for "
-          "HTTP basic auth. Re-read when it changes. Empty: no authentication.");
-ABSL_FLAG(int32_t, metrics_threads, 4,
-          "Threads verifying /metrics basic-auth passwords (bcrypt). Connections are served by "
-          "one event loop and rendering has its own thread, so idle or slow clients hold no "
-          "thread.");
-ABSL_FLAG(int32_t, metrics_max_connections, 1024,
-          "Open /metrics connections at most; at the cap the oldest one without a request in "
-          "progress is closed to make room (stepwatch_metrics_http_connections_closed_total).");
 ABSL_FLAG(std::string, host_root, "",
           "Filesystem root under which /proc and /sys are read (for tests and containers that "
           "mount the host's /proc elsewhere). Empty: the real root.");
@@ -269,11 +249,9 @@ absl::StatusOr<std::unique_ptr<stepwatch::agent::MetricsServer>> StartMetrics(
   sources.collectors = [router] { return router->stats(); };
   sources.samples = [router] { return router->LatestSamples(); };
   if (identity != nullptr) sources.tls = [identity] { return identity->stats(); };
-  stepwatch::http::MetricsEndpointOptions endpoint;
+  stepwatch::http::MetricsEndpointOptions endpoint =
+      stepwatch::http::MetricsEndpointOptionsFromFlags();
   endpoint.listen = metrics_listen;
-  endpoint.basic_auth_file = absl::GetFlag(FLAGS_metrics_basic_auth_file);
-  endpoint.threads = absl::GetFlag(FLAGS_metrics_threads);
-  endpoint.max_connections = absl::GetFlag(FLAGS_metrics_max_connections);
   return stepwatch::agent::MetricsServer::Start(
       endpoint,
       std::make_shared<stepwatch::agent::KubeletPodsCollectable>(
@@ -338,9 +316,8 @@ AgentSettings ValidatedSettings(const char* program) {
   }
   f.max_pending = absl::GetFlag(FLAGS_max_pending_events);
   if (f.max_pending < 1) UsageError("--max-pending-events must be positive");
-  if (absl::GetFlag(FLAGS_metrics_threads) < 1 ||
-      absl::GetFlag(FLAGS_metrics_max_connections) < 1) {
-    UsageError("--metrics-threads and --metrics-max-connections must be positive");
+  if (absl::Status metrics = stepwatch::http::CheckMetricsEndpointFlags(); !metrics.ok()) {
+    UsageError(std::string(metrics.message()));
   }
   f.rcvbuf = absl::GetFlag(FLAGS_receive_buffer_bytes);
   if (f.rcvbuf < 0 || f.rcvbuf > (1 << 30)) {
@@ -387,6 +364,9 @@ void ParseFlags(int argc, char** argv) {
   stepwatch::FlagsSpec spec;
   spec.program = kProgram;
   spec.main_file = "agent/main.cc";
+  spec.shared_flag_files = {stepwatch::http::kMetricsEndpointFlagsFile,
+                            stepwatch::security::kTlsFlagsFile,
+                            stepwatch::security::kTlsClientFlagsFile};
   spec.usage =
       "stepwatch-agent --collector=HOST:PORT[,HOST:PORT...]|dns:///NAME:PORT --socket=PATH\n"
       "    [--replicas=N] [--node=NAME] [--interval=SECONDS] [--buffer=N] [--spool-dir=DIR]\n"

@@ -22,12 +22,12 @@
 #include "common/mutex_mode.h"
 #include "common/net.h"
 #include "common/startup_checks.h"
+#include "http/metrics_endpoint_flags.h"
+#include "security/tls_flags.h"
 
 ABSL_FLAG(std::string, grpc_listen, "0.0.0.0:7070",
           "HOST:PORT for the gRPC services (Ingest from agents, Query for stepwatchctl, health). "
           "Port 0 picks a free port, logged at start.");
-ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9464",
-          "HOST:PORT for Prometheus /metrics; empty disables it. Port 0 picks a free port.");
 ABSL_FLAG(std::string, state_dir, "",
           "Directory for the state file (scaling history per job name); it is loaded at start, "
           "written every --save_interval and at shutdown; finished jobs' reports go to "
@@ -37,11 +37,6 @@ ABSL_FLAG(double, journal_commit_interval, 0.01,
           "Seconds an applied batch waits for the batches of other streams to share one "
           "fdatasync of DIR/dedupe.journal (group commit); each is acknowledged after the sync "
           "that covers it. 0: each batch syncs at once on its stream's thread.");
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM certificate (chain) of the collector: gRPC (Ingest and Query) is served over TLS "
-          "1.2+. Watched and reloaded when it changes. Without it gRPC is plaintext (logged "
-          "loudly at start).");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert.");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: every client (agent, stepwatchctl) must present a certificate signed "
           "by it, and (with --verify-node-identity) an agent's batches must claim the node its "
@@ -54,21 +49,6 @@ ABSL_FLAG(bool, verify_node_identity, true,
           "may report for any node (warned at start).");
 ABSL_FLAG(double, tls_reload_interval, 10,
           "Seconds between checks of the TLS files for changes (certificate rotation).");
-ABSL_FLAG(std::string, metrics_basic_auth_file, "",
-          "File of \"USER:BCRYPT_HASH\" lines (htpasswd -nB USER): /metrics asks for HTTP basic "
-          "auth. Re-read when it changes. Empty: no authentication. For TLS, put a terminating "
-          "proxy in front (docs/security.md).");
-ABSL_FLAG(int32_t, metrics_threads, 4,
-          "Threads verifying /metrics basic-auth passwords (bcrypt). Connections are served by "
-          "one event loop and rendering has its own thread, so idle or slow clients hold no "
-          "thread.");
-ABSL_FLAG(int32_t, metrics_max_connections, 1024,
-          "Open /metrics connections at most; at the cap the oldest one without a request in "
-          "progress is closed to make room (stepwatch_metrics_http_connections_closed_total).");
-ABSL_FLAG(std::string, auth_token_file, "",
-          "File of accepted bearer tokens, one \"ROLE TOKEN\" per line (ROLE: agent, may only "
-          "report; reader, may only query; '#' starts a comment). Re-read when it changes. "
-          "Empty: no token is required.");
 ABSL_FLAG(double, max_clock_skew, 30,
           "Seconds: sender timestamps further than this from the collector's clock are replaced "
           "by the collector's time and counted (stepwatch_collector_clock_skew_corrected_total), "
@@ -302,9 +282,7 @@ absl::StatusOr<collector::CollectorServerOptions> ServerOptionsFromFlags() {
       static_cast<unsigned int>(std::max(1.0, std::ceil(absl::GetFlag(FLAGS_tls_reload_interval))));
   options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   options.verify_node_identity = absl::GetFlag(FLAGS_verify_node_identity);
-  options.metrics_endpoint.basic_auth_file = absl::GetFlag(FLAGS_metrics_basic_auth_file);
-  options.metrics_endpoint.threads = absl::GetFlag(FLAGS_metrics_threads);
-  options.metrics_endpoint.max_connections = absl::GetFlag(FLAGS_metrics_max_connections);
+  options.metrics_endpoint = stepwatch::http::MetricsEndpointOptionsFromFlags();
   options.tick_nanos = SecondsToNanos(absl::GetFlag(FLAGS_tick));
   options.save_interval_nanos = SecondsToNanos(absl::GetFlag(FLAGS_save_interval));
   options.metrics.max_finding_series = absl::GetFlag(FLAGS_max_finding_series);
@@ -401,6 +379,9 @@ int main(int argc, char** argv) {
   stepwatch::FlagsSpec spec;
   spec.program = kProgram;
   spec.main_file = "collector/main.cc";
+  spec.shared_flag_files = {stepwatch::http::kMetricsEndpointFlagsFile,
+                            stepwatch::security::kTlsFlagsFile};
+  spec.defaults = {{"metrics_listen", "0.0.0.0:9464"}};
   spec.usage =
       "gathers step timings and GPU/host samples from stepwatch agents, "
       "finds stragglers, underutilized GPUs and lost scaling, and serves them to Prometheus "

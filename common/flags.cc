@@ -39,9 +39,8 @@ void StartupError(absl::string_view program, absl::string_view message) {
 std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const FlagsSpec& spec,
                                           bool allow_positional) {
   absl::FlagsUsageConfig usage_config;
-  const std::string main_file = spec.main_file;
-  usage_config.contains_help_flags = [main_file](absl::string_view file) {
-    return absl::EndsWith(file, main_file);
+  usage_config.contains_help_flags = [spec](absl::string_view file) {
+    return ListsFlagsOf(spec, file);
   };
   usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
   // Abseil's --helpon and --helpmatch: "agent/main.cc", not the build machine's absolute path.
@@ -55,6 +54,15 @@ std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const FlagsSpec
   usage_config.version_string = [version] { return version; };
   absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(spec.usage);
+
+  for (const auto& [name, value] : spec.defaults) {
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    std::string error;
+    // A default that does not parse is a mistake in the binary itself, not the user's.
+    if (flag == nullptr || !flag->ParseFrom(value, &error)) {
+      StartupError(spec.program, absl::StrCat("bad built-in default for --", name, ": ", error));
+    }
+  }
 
   // Rewrite dashed names and check every flag ourselves, so mistakes exit with status 2.
   std::vector<std::string> normalized = {argv[0]};

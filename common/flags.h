@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -15,6 +16,12 @@ struct FlagsSpec {
   std::string usage;    // first lines of --help
   // --help lists the flags defined in the file whose path ends with this (e.g. "agent/main.cc").
   std::string main_file;
+  // Files of flags shared by several binaries (e.g. "http/metrics_endpoint_flags.cc") that this
+  // one links and --help lists too.
+  std::vector<std::string> shared_flag_files;
+  // This binary's defaults for shared flags, (name, value): set before parsing, and shown by
+  // --help as the default.
+  std::vector<std::pair<std::string, std::string>> defaults;
   std::string version = kVersion;  // --version prints "<program> <version>"
 };
 

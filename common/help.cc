@@ -57,10 +57,18 @@ std::string DashFlagNames(const std::string& text) {
 
 }  // namespace
 
+bool ListsFlagsOf(const FlagsSpec& spec, absl::string_view file) {
+  if (absl::EndsWith(file, spec.main_file)) return true;
+  for (const std::string& shared : spec.shared_flag_files) {
+    if (absl::EndsWith(file, shared)) return true;
+  }
+  return false;
+}
+
 std::string FormatFlagsHelp(const FlagsSpec& spec) {
   std::vector<const absl::CommandLineFlag*> flags;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (!flag->IsRetired() && absl::EndsWith(flag->Filename(), spec.main_file)) {
+    if (!flag->IsRetired() && ListsFlagsOf(spec, flag->Filename())) {
       flags.push_back(flag);
     }
   }
@@ -74,7 +82,8 @@ std::string FormatFlagsHelp(const FlagsSpec& spec) {
                    "--flag_name):\n");
   for (const absl::CommandLineFlag* flag : flags) {
     const std::string name = absl::StrReplaceAll(flag->Name(), {{"_", "-"}});
-    std::string value = flag->DefaultValue();
+    // The current value before parsing is this binary's default (FlagsSpec::defaults).
+    std::string value = flag->CurrentValue();
     if (flag->IsOfType<std::string>()) value = absl::StrCat("\"", value, "\"");
     absl::StrAppend(&out, "  --", name, ValueName(*flag), "  (default: ", value, ")\n");
     AppendWrapped(&out, DashFlagNames(flag->Help()));

@@ -23,6 +23,8 @@ test_pkgs=(
   clang libclang-rt-14-dev
   # The static checks (tests/static): clang-tidy (run-clang-tidy-14) and include-what-you-use.
   clang-tidy iwyu
+  # The HTML report and the live view are checked in a real browser (headless).
+  chromium fonts-dejavu-core
 )
 # kubectl checks the Kubernetes manifests offline; keep one that is already installed (some
 # machines carry kubectl from another package that conflicts with Debian's).

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "gtest/gtest.h"
 
@@ -13,6 +14,7 @@ ABSL_FLAG(std::string, other_test_flag, "",
           "A long help text that must be wrapped because it is far longer than one line of the "
           "terminal can hold, so that it stays readable at a hundred columns.");
 ABSL_FLAG(bool, test_switch, false, "A switch.");
+ABSL_DECLARE_FLAG(std::string, shared_test_listen);
 
 namespace stepwatch {
 namespace {
@@ -61,6 +63,21 @@ TEST(FormatFlagsHelpTest, OnlyTheMainFilesFlags) {
   const std::string help = FormatFlagsHelp(Spec("agent/main.cc"));
   EXPECT_EQ(help.find("--max-test-jobs"), std::string::npos) << help;
   EXPECT_NE(help.find("--help"), std::string::npos) << help;
+}
+
+TEST(FormatFlagsHelpTest, ListsSharedFlagFilesWithTheBinarysDefault) {
+  FlagsSpec spec = Spec("tests/common/help_test.cc");
+  EXPECT_EQ(FormatFlagsHelp(spec).find("--shared-test-listen"), std::string::npos);
+  spec.shared_flag_files = {"tests/common/help_shared_flags.cc"};
+  // ParseFlagsOrExit sets FlagsSpec::defaults before parsing, as here.
+  absl::SetFlag(&FLAGS_shared_test_listen, "0.0.0.0:9464");
+  const std::string help = FormatFlagsHelp(spec);
+  EXPECT_NE(help.find("  --shared-test-listen=TEXT  (default: \"0.0.0.0:9464\")\n"),
+            std::string::npos)
+      << help;
+  EXPECT_NE(help.find("--max-test-jobs"), std::string::npos) << help;
+  EXPECT_TRUE(ListsFlagsOf(spec, "/src/tests/common/help_shared_flags.cc"));
+  EXPECT_FALSE(ListsFlagsOf(spec, "/src/agent/main.cc"));
 }
 
 }  // namespace

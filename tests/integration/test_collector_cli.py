@@ -261,9 +261,15 @@ class CollectorCliTest(unittest.TestCase):
     def test_every_binary_helps_with_dashed_flags_and_no_source_path(self):
         """--help names flags as the docs spell them (--max-jobs), says underscores work too, and
         shows no path of the machine that built it (Abseil's own help does both wrong)."""
-        expected = {"stepwatch-collector": ["--max-jobs=INT", "--verify-node-identity  "],
+        # Flags shared by several binaries (defined once, in http/ and security/) are listed by
+        # each, with that binary's own default.
+        expected = {"stepwatch-collector": ["--max-jobs=INT", "--verify-node-identity  ",
+                                            '--metrics-listen=TEXT  (default: "0.0.0.0:9464")',
+                                            "--tls-cert=TEXT", "--auth-token-file=TEXT"],
                     "stepwatch-agent": ["--metrics-basic-auth-file=TEXT",
-                                        "--metrics-max-connections=INT"],
+                                        "--metrics-max-connections=INT",
+                                        '--metrics-listen=TEXT  (default: "")',
+                                        "--tls-ca=TEXT", "--tls-key=TEXT"],
                     "stepwatchctl": ["--auth-token-file=TEXT", "--tls-ca=TEXT"],
                     "stepwatch-sim": [], "stepwatch-gpu-probe": []}
         for binary, flags in expected.items():
