@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
 #include "tests/agent/test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::agent {
 namespace {
@@ -254,7 +255,7 @@ std::string HttpGet(int port, const std::string& path) {
 TEST(AgentMetricsTest, ServesOverHttpAndPassesPromtool) {
   auto server = MetricsServer::Start(Listen("127.0.0.1:0"),
                                      std::make_shared<AgentCollectable>(FakeSources()));
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   ASSERT_GT((*server)->port(), 0);
   const std::string body = HttpGet((*server)->port(), "/metrics");
   EXPECT_NE(body.find("# TYPE stepwatch_agent_events_rejected_total counter"), std::string::npos)
@@ -284,7 +285,7 @@ TEST(AgentMetricsTest, BadListenAddressesFail) {
   auto collectable = std::make_shared<AgentCollectable>(FakeSources());
   EXPECT_FALSE(MetricsServer::Start(Listen("no-port"), collectable).ok());
   auto first = MetricsServer::Start(Listen("127.0.0.1:0"), collectable);
-  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_OK(first);
   auto second =
       MetricsServer::Start(Listen(absl::StrCat("127.0.0.1:", (*first)->port())), collectable);
   EXPECT_FALSE(second.ok());

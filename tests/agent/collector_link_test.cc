@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "tests/agent/fake_collector.h"
 #include "tests/agent/test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::agent {
 namespace {
@@ -129,7 +130,7 @@ TEST_F(CollectorLinkTest, DeliversStepsAndSamplesInOrderAndDrainsOnAck) {
   FakeGpus gpus;
   FakeHost host;
   CollectorLink link(Options(port), &gpus, &host);
-  ASSERT_TRUE(link.Start().ok());
+  ASSERT_OK(link.Start());
   for (int i = 0; i < 3; ++i) link.AddStep(Step(i));
   link.FlushNow();
   link.AddStep(Step(3));
@@ -171,7 +172,7 @@ TEST_F(CollectorLinkTest, AckTimeoutIgnoresWallClockSteps) {
   CollectorLinkOptions o = Options(port);
   o.ack_timeout = absl::Milliseconds(300);
   CollectorLink link(o, nullptr, nullptr);
-  ASSERT_TRUE(link.Start().ok());
+  ASSERT_OK(link.Start());
   ASSERT_TRUE(AdvanceUntil([&] { return link.stats().connected; }));
   link.AddStep(Step(0));
   link.FlushNow();
@@ -191,7 +192,7 @@ TEST_F(CollectorLinkTest, CollectorRestartLosesNothingWithinTheBuffer) {
   const int port = first.Start(0, {/*ack=*/false});
   ASSERT_GT(port, 0);
   CollectorLink link(Options(port), nullptr, nullptr);
-  ASSERT_TRUE(link.Start().ok());
+  ASSERT_OK(link.Start());
   int64_t step = 0;
   for (int b = 0; b < 5; ++b) {
     link.AddStep(Step(step++));
@@ -234,7 +235,7 @@ TEST_F(CollectorLinkTest, StreamDroppedByServerIsReopenedAndNothingIsLost) {
   const int port = collector.Start(0, b);
   ASSERT_GT(port, 0);
   CollectorLink link(Options(port), nullptr, nullptr);
-  ASSERT_TRUE(link.Start().ok());
+  ASSERT_OK(link.Start());
   for (int i = 0; i < 10; ++i) {
     link.AddStep(Step(i));
     link.FlushNow();
@@ -252,7 +253,7 @@ TEST_F(CollectorLinkTest, FullBufferDropsOldestAndTellsTheCollector) {
   CollectorLinkOptions o = Options(port);
   o.max_buffered_batches = 3;
   CollectorLink link(o, nullptr, nullptr);
-  ASSERT_TRUE(link.Start().ok());
+  ASSERT_OK(link.Start());
   for (int i = 0; i < 10; ++i) {
     link.AddStep(Step(i));
     link.FlushNow();
@@ -277,7 +278,7 @@ TEST_F(CollectorLinkTest, ByteBoundAlsoDropsOldest) {
   CollectorLinkOptions o = Options(UnusedPort());
   o.max_buffered_bytes = 2000;
   CollectorLink link(o, nullptr, nullptr);
-  ASSERT_TRUE(link.Start().ok());
+  ASSERT_OK(link.Start());
   for (int b = 0; b < 10; ++b) {
     for (int i = 0; i < 20; ++i) link.AddStep(Step(i));
     link.FlushNow();
@@ -297,7 +298,7 @@ TEST_F(CollectorLinkTest, ReconnectBackoffGrowsAndIsCapped) {
   o.backoff.initial = absl::Milliseconds(4);
   o.backoff.max = absl::Milliseconds(16);
   CollectorLink link(o, nullptr, nullptr);
-  ASSERT_TRUE(link.Start().ok());
+  ASSERT_OK(link.Start());
   absl::Duration base = o.backoff.initial;
   for (int attempt = 1; attempt <= 5; ++attempt) {
     const std::optional<absl::Duration> delay = PendingBackoff();
@@ -329,7 +330,7 @@ TEST_F(CollectorLinkTest, StuckStreamIsReplacedAfterAckTimeout) {
   CollectorLinkOptions o = Options(port);
   o.ack_timeout = absl::Milliseconds(300);
   CollectorLink link(o, nullptr, nullptr);
-  ASSERT_TRUE(link.Start().ok());
+  ASSERT_OK(link.Start());
   ASSERT_TRUE(AdvanceUntil([&] { return link.stats().connected; }));
   link.AddStep(Step(0));
   link.FlushNow();
@@ -373,7 +374,7 @@ TEST_F(CollectorLinkTest, FedLinkNumbersEnqueuedCutsAndReportsItsState) {
   const absl::Duration start = clock_.MonotonicNow();
   CollectorLink link(o, nullptr, nullptr);
   EXPECT_FALSE(link.link_state().connected);
-  ASSERT_TRUE(link.Start().ok());
+  ASSERT_OK(link.Start());
   EXPECT_EQ(link.link_state().since, start);
   ASSERT_TRUE(AdvanceUntil([&] { return link.link_state().connected; }));
   const absl::Duration connected_at = link.link_state().since;
@@ -410,7 +411,7 @@ TEST_F(CollectorLinkTest, PendingEventsAreBounded) {
   CollectorLinkOptions o = Options(UnusedPort());
   o.max_pending_events = 5;
   CollectorLink link(o, nullptr, nullptr);
-  ASSERT_TRUE(link.Start().ok());
+  ASSERT_OK(link.Start());
   for (int i = 0; i < 8; ++i) link.AddStep(Step(i));
   EXPECT_EQ(link.stats().pending_events, 5u);
   EXPECT_EQ(link.stats().events_dropped_total, 3u);
@@ -426,7 +427,7 @@ TEST_F(CollectorLinkTest, LargeIntervalsAreSplitIntoSeveralBatches) {
   o.max_events_per_batch = 4;
   FakeGpus gpus;
   CollectorLink link(o, &gpus, nullptr);
-  ASSERT_TRUE(link.Start().ok());
+  ASSERT_OK(link.Start());
   for (int i = 0; i < 10; ++i) link.AddStep(Step(i));
   link.FlushNow();
   ASSERT_TRUE(AdvanceUntil([&] { return collector.batches().size() == 3; }));
@@ -445,7 +446,7 @@ TEST_F(CollectorLinkTest, ExitedSenderIsReportedOnceAfterItsSteps) {
   CollectorLinkOptions o = Options(port);
   o.max_events_per_batch = 2;
   CollectorLink link(o, nullptr, nullptr);
-  ASSERT_TRUE(link.Start().ok());
+  ASSERT_OK(link.Start());
   const pid_t dead = ::fork();
   if (dead == 0) ::_exit(0);
   int status = 0;
@@ -482,7 +483,7 @@ TEST_F(CollectorLinkTest, StopFlushesPendingEvents) {
   FakeCollector collector;
   const int port = collector.Start(0, {});
   CollectorLink link(Options(port), nullptr, nullptr);
-  ASSERT_TRUE(link.Start().ok());
+  ASSERT_OK(link.Start());
   ASSERT_TRUE(AdvanceUntil([&] { return link.stats().connected; }));
   link.AddStep(Step(42));
   const absl::Time start = clock_.TimeNow();
@@ -513,7 +514,7 @@ bool StopsWithin(
 // Without a collector there is nothing to wait for: Stop returns without the time moving.
 TEST_F(CollectorLinkTest, StopIsBoundedWithoutCollector) {
   CollectorLink link(Options(UnusedPort()), nullptr, nullptr);
-  ASSERT_TRUE(link.Start().ok());
+  ASSERT_OK(link.Start());
   link.AddStep(Step(1));
   const absl::Time start = clock_.TimeNow();
   EXPECT_TRUE(StopsWithin(&link, absl::Seconds(30), &clock_));
@@ -527,7 +528,7 @@ TEST_F(CollectorLinkTest, StopWaitsForTheFlushTimeoutWhenNothingIsAcknowledged) 
   const int port = collector.Start(0, {/*ack=*/false});
   ASSERT_GT(port, 0);
   CollectorLink link(Options(port), nullptr, nullptr);
-  ASSERT_TRUE(link.Start().ok());
+  ASSERT_OK(link.Start());
   ASSERT_TRUE(AdvanceUntil([&] { return link.stats().connected; }));
   link.AddStep(Step(7));
   const absl::Time start = clock_.TimeNow();
@@ -574,11 +575,11 @@ TEST_F(CollectorLinkTest, SpooledBatchesOutliveTheLinkAndKeepTheirIds) {
   {
     absl::StatusOr<std::unique_ptr<Spool>> spool =
         Spool::Open(spool_options, Options(port).agent_id);
-    ASSERT_TRUE(spool.ok()) << spool.status();
+    ASSERT_OK(spool);
     CollectorLinkOptions o = Options(port);
     o.spool = spool->get();
     CollectorLink link(o, nullptr, nullptr);
-    ASSERT_TRUE(link.Start().ok());
+    ASSERT_OK(link.Start());
     boot_id = link.boot_id();
     for (int64_t step = 0; step < 6; step += 2) {
       link.AddStep(Step(step));
@@ -591,13 +592,13 @@ TEST_F(CollectorLinkTest, SpooledBatchesOutliveTheLinkAndKeepTheirIds) {
   FakeCollector collector;
   ASSERT_EQ(collector.Start(port, {}), port);
   absl::StatusOr<std::unique_ptr<Spool>> spool = Spool::Open(spool_options, Options(port).agent_id);
-  ASSERT_TRUE(spool.ok()) << spool.status();
+  ASSERT_OK(spool);
   CollectorLinkOptions o = Options(port);
   o.spool = spool->get();
   o.boot_id = "ignored-with-a-spool";
   CollectorLink link(o, nullptr, nullptr);
   EXPECT_EQ(link.boot_id(), boot_id);
-  ASSERT_TRUE(link.Start().ok());
+  ASSERT_OK(link.Start());
   link.AddStep(Step(6));
   link.FlushNow();
   ASSERT_TRUE(AdvanceUntil([&] { return link.stats().buffered_batches == 0; }));
@@ -634,14 +635,14 @@ TEST_F(CollectorLinkTest, BatchesTheSpoolRefusedAreHeldCountedAndSpooledLater) {
   {
     absl::StatusOr<std::unique_ptr<Spool>> spool =
         Spool::Open(spool_options, Options(port).agent_id);
-    ASSERT_TRUE(spool.ok()) << spool.status();
+    ASSERT_OK(spool);
     const std::string squat = spool_options.dir + "/batch-00000000000000000001.tmp";
     ASSERT_TRUE(std::filesystem::create_directory(squat));
     { std::ofstream keep(squat + "/x"); }
     CollectorLinkOptions o = Options(port);
     o.spool = spool->get();
     CollectorLink link(o, nullptr, nullptr);
-    ASSERT_TRUE(link.Start().ok());
+    ASSERT_OK(link.Start());
     link.AddStep(Step(1));
     link.AddStep(Step(2));
     link.FlushNow();
@@ -664,7 +665,7 @@ TEST_F(CollectorLinkTest, BatchesTheSpoolRefusedAreHeldCountedAndSpooledLater) {
   }
   // Both survive the link.
   absl::StatusOr<std::unique_ptr<Spool>> spool = Spool::Open(spool_options, Options(port).agent_id);
-  ASSERT_TRUE(spool.ok()) << spool.status();
+  ASSERT_OK(spool);
   std::vector<std::shared_ptr<v1::ReportBatch>> left = (*spool)->TakeRecovered();
   ASSERT_EQ(left.size(), 2u);
   EXPECT_EQ(left[0]->steps_size(), 2);
@@ -682,12 +683,12 @@ TEST_F(CollectorLinkTest, FullSpoolDropsOldestFirstAndCountsThem) {
   {
     absl::StatusOr<std::unique_ptr<Spool>> spool =
         Spool::Open(spool_options, Options(port).agent_id);
-    ASSERT_TRUE(spool.ok()) << spool.status();
+    ASSERT_OK(spool);
     CollectorLinkOptions o = Options(port);
     o.spool = spool->get();
     o.max_buffered_bytes = 2000;
     CollectorLink link(o, nullptr, nullptr);
-    ASSERT_TRUE(link.Start().ok());
+    ASSERT_OK(link.Start());
     for (int b = 0; b < 10; ++b) {
       for (int i = 0; i < 20; ++i) link.AddStep(Step(b * 100 + i));
       link.FlushNow();
@@ -701,7 +702,7 @@ TEST_F(CollectorLinkTest, FullSpoolDropsOldestFirstAndCountsThem) {
     link.Stop(absl::ZeroDuration());
   }
   absl::StatusOr<std::unique_ptr<Spool>> spool = Spool::Open(spool_options, Options(port).agent_id);
-  ASSERT_TRUE(spool.ok()) << spool.status();
+  ASSERT_OK(spool);
   std::vector<std::shared_ptr<v1::ReportBatch>> left = (*spool)->TakeRecovered();
   ASSERT_FALSE(left.empty());
   EXPECT_EQ(left.back()->seq(), 10u);

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "tests/agent/fake_collector.h"
 #include "tests/agent/test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::agent {
 namespace {
@@ -168,7 +169,7 @@ TEST_F(CollectorRouterTest, PlacesJobsAndNodeSamplesOnRendezvousOwners) {
   FakeGpus gpus;
   FakeHost host;
   CollectorRouter router(Options(2), &gpus, &host);
-  ASSERT_TRUE(router.Start().ok());
+  ASSERT_OK(router.Start());
   ASSERT_TRUE(AdvanceUntil([&] { return AllConnected(router, 3); }));
 
   // No job yet: the samples follow the node's own key.
@@ -217,7 +218,7 @@ TEST_F(CollectorRouterTest, PlacesJobsAndNodeSamplesOnRendezvousOwners) {
   }
   std::map<std::string, size_t> gpus_before;
   for (const std::string& a : addresses_) gpus_before[a] = ByAddress(a)->batches_with_gpus();
-  ASSERT_TRUE(single->Start().ok());
+  ASSERT_OK(single->Start());
   ASSERT_TRUE(AdvanceUntil([&] { return AllConnected(*single, 3); }));
   single->AddStep(JobStep(job, 100));
   single->FlushNow();
@@ -246,7 +247,7 @@ TEST_F(CollectorRouterTest, HungJobKeepsTheNodeSamplesWhileItsProcessesRun) {
   o.recent_job_window = absl::Seconds(1);
   o.link.rank_exits.process_gone = [&gone](pid_t) { return gone.load(); };
   CollectorRouter router(o, &gpus, &host);
-  ASSERT_TRUE(router.Start().ok());
+  ASSERT_OK(router.Start());
   ASSERT_TRUE(AdvanceUntil([&] { return AllConnected(router, 3); }));
   const std::vector<std::string> node_owners =
       RendezvousOwners(NodePlacementKey(kNode), addresses_, 2);
@@ -292,7 +293,7 @@ TEST_F(CollectorRouterTest, FailsOverAfterTheDelayAndMovesBack) {
   StartCollectors(3);
   resolver_.Set(addresses_);
   CollectorRouter router(Options(1), nullptr, nullptr);
-  ASSERT_TRUE(router.Start().ok());
+  ASSERT_OK(router.Start());
   ASSERT_TRUE(AdvanceUntil([&] { return AllConnected(router, 3); }));
   const std::string job = "job-x";
   const std::vector<std::string> order = RendezvousOrder(job, addresses_);
@@ -350,7 +351,7 @@ TEST_F(CollectorRouterTest, NeverConnectedCollectorIsSkippedAfterTheDelay) {
   const std::string dead = Address(UnusedPort());
   resolver_.Set({addresses_[0], dead});
   CollectorRouter router(Options(1), nullptr, nullptr);
-  ASSERT_TRUE(router.Start().ok());
+  ASSERT_OK(router.Start());
   // A job the dead collector would hold.
   std::string job;
   for (int i = 0; i < 100 && job.empty(); ++i) {
@@ -381,7 +382,7 @@ TEST_F(CollectorRouterTest, ReResolvesAddsAndRemovesLinksWithoutDoubleCounting) 
   o.resolve_interval = absl::Seconds(30);
   const absl::Time start = clock_.TimeNow();
   CollectorRouter router(o, nullptr, nullptr);
-  ASSERT_TRUE(router.Start().ok());
+  ASSERT_OK(router.Start());
   EXPECT_EQ(router.collectors(), std::vector<std::string>({addresses_[0]}));
   ASSERT_TRUE(AdvanceUntil([&] { return AllConnected(router, 1); }));
 
@@ -444,12 +445,12 @@ TEST_F(CollectorRouterTest, ResolvesADnsName) {
   StartCollectors(1);
   absl::StatusOr<CollectorTargets> targets =
       ParseCollectorTargets("dns:///localhost:" + std::to_string(ports_[0]));
-  ASSERT_TRUE(targets.ok()) << targets.status();
+  ASSERT_OK(targets);
   CollectorRouterOptions o = Options(1);
   o.resolve = nullptr;
   o.targets = *targets;
   CollectorRouter router(o, nullptr, nullptr);
-  ASSERT_TRUE(router.Start().ok());
+  ASSERT_OK(router.Start());
   const std::vector<std::string> links = router.collectors();
   EXPECT_NE(std::find(links.begin(), links.end(), addresses_[0]), links.end());
   router.Stop(absl::ZeroDuration());
@@ -470,7 +471,7 @@ TEST_F(CollectorRouterTest, SpoolsPerCollectorAndReplaysToTheSameCollector) {
   std::map<std::string, std::string> boot_ids;
   {
     CollectorRouter router(o, nullptr, nullptr);
-    ASSERT_TRUE(router.Start().ok());
+    ASSERT_OK(router.Start());
     router.AddStep(JobStep("job-s", 0));
     router.AddStep(JobStep("job-s", 1));
     router.FlushNow();
@@ -492,7 +493,7 @@ TEST_F(CollectorRouterTest, SpoolsPerCollectorAndReplaysToTheSameCollector) {
   FakeCollector collector;
   ASSERT_EQ(collector.Start(ports[0], {}), ports[0]);
   CollectorRouter router(o, nullptr, nullptr);
-  ASSERT_TRUE(router.Start().ok());
+  ASSERT_OK(router.Start());
   ASSERT_TRUE(AdvanceUntil([&] { return collector.unique_steps().size() == 2; }));
   for (const auto& b : collector.batches()) EXPECT_EQ(b.boot_id(), boot_ids[addresses[0]]);
   EXPECT_EQ(AsSet(collector.unique_steps()), std::set<int64_t>({0, 1}));
@@ -516,7 +517,7 @@ TEST_F(CollectorRouterTest, SpoolDirectoryInUseFailsTheStart) {
   o.spool.dir = dir + "/spool";
   o.spool.sync = false;
   CollectorRouter first(o, nullptr, nullptr);
-  ASSERT_TRUE(first.Start().ok());
+  ASSERT_OK(first.Start());
   CollectorRouter second(o, nullptr, nullptr);
   const absl::Status st = second.Start();
   EXPECT_FALSE(st.ok());
@@ -528,7 +529,7 @@ TEST_F(CollectorRouterTest, SpoolDirectoryInUseFailsTheStart) {
 TEST_F(CollectorRouterTest, StepsWaitWhileNoCollectorResolved) {
   resolver_.Fail();
   CollectorRouter router(Options(2), nullptr, nullptr);
-  ASSERT_TRUE(router.Start().ok());
+  ASSERT_OK(router.Start());
   router.AddStep(JobStep("job-w", 0));
   router.FlushNow();
   EXPECT_EQ(router.stats().total.pending_events, 1u);
@@ -558,7 +559,7 @@ TEST_F(CollectorRouterTest, CutsOnItsScheduleWithFractionalInterval) {
   o.interval = absl::Milliseconds(50);
   const absl::Time start = clock_.TimeNow();
   CollectorRouter router(o, nullptr, nullptr);
-  ASSERT_TRUE(router.Start().ok());
+  ASSERT_OK(router.Start());
   ASSERT_TRUE(AdvanceUntil([&] { return AllConnected(router, 1); }, absl::Milliseconds(20)));
   FakeCollector* collector = collectors_[0].get();
   router.AddStep(JobStep("job-s", 1));
@@ -588,7 +589,7 @@ TEST_F(CollectorRouterTest, WallClockStepsMoveNoTickAndNoJob) {
   CollectorRouterOptions o = Options(1);
   o.interval = absl::Milliseconds(50);
   CollectorRouter router(o, nullptr, nullptr);
-  ASSERT_TRUE(router.Start().ok());
+  ASSERT_OK(router.Start());
   ASSERT_TRUE(AdvanceUntil([&] { return AllConnected(router, 2); }, absl::Milliseconds(20)));
   const std::string job = "job-w";
   const std::vector<std::string> owners = router.OwnersOf(job);

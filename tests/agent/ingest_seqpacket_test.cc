@@ -20,6 +20,7 @@
 #include "agent/ingest_server.h"
 #include "gtest/gtest.h"
 #include "tests/agent/test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::agent {
 namespace {
@@ -105,7 +106,7 @@ class IngestSeqpacketTest : public ::testing::Test {
 TEST_F(IngestSeqpacketTest, EachPacketIsOneMessageWithTheSendersPid) {
   Received received;
   auto server = IngestServer::Start(Options(), received.Sink());
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   EXPECT_EQ((*server)->seqpacket_path(), dir_ + "/agent.sock.seq");
   Connection c((*server)->seqpacket_path());
   ASSERT_TRUE(c.connected());
@@ -140,7 +141,7 @@ TEST_F(IngestSeqpacketTest, SocketHasTheDatagramSocketsModeAndGroup) {
   o.socket_mode = 0620;
   Received received;
   auto server = IngestServer::Start(o, received.Sink());
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   struct stat st;
   ASSERT_EQ(::stat(o.seqpacket_path.c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
@@ -151,7 +152,7 @@ TEST_F(IngestSeqpacketTest, SocketHasTheDatagramSocketsModeAndGroup) {
 TEST_F(IngestSeqpacketTest, ARankIsBoundToTheProcessOnTheOtherEnd) {
   Received received;
   auto server = IngestServer::Start(Options(), received.Sink());
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   const std::string path = (*server)->seqpacket_path();
   Connection mine(path);
   ASSERT_TRUE(mine.Send(Event("j", 1, 1)));  // this process now owns rank 1
@@ -183,7 +184,7 @@ TEST_F(IngestSeqpacketTest, ConnectionsOverTheCapAreRefusedAndCounted) {
   o.max_connections = 2;
   Received received;
   auto server = IngestServer::Start(o, received.Sink());
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   Connection a(o.seqpacket_path);
   Connection b(o.seqpacket_path);
   ASSERT_TRUE(WaitFor([&] { return (*server)->stats().connections_open == 2; }));
@@ -206,7 +207,7 @@ TEST_F(IngestSeqpacketTest, ConnectionsOverTheCapAreRefusedAndCounted) {
 TEST_F(IngestSeqpacketTest, AClientThatReconnectsKeepsWorking) {
   Received received;
   auto server = IngestServer::Start(Options(), received.Sink());
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   for (int round = 0; round < 5; ++round) {
     Connection c((*server)->seqpacket_path());
     ASSERT_TRUE(c.Send(Event("j", 1, round)));
@@ -221,7 +222,7 @@ TEST_F(IngestSeqpacketTest, AClientThatReconnectsKeepsWorking) {
 TEST_F(IngestSeqpacketTest, ABurstFromManyConnectionsLosesNothing) {
   Received received;
   auto server = IngestServer::Start(Options(), received.Sink());
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   constexpr int kRanks = 64;
   constexpr int kSteps = 20;
   std::vector<std::unique_ptr<Connection>> connections;
@@ -254,7 +255,7 @@ TEST_F(IngestSeqpacketTest, ClientDropsAreCountedPerJobForAcceptedEventsOnly) {
   o.max_drop_jobs = 2;
   Received received;
   auto server = IngestServer::Start(o, received.Sink());
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   Connection c(o.seqpacket_path);
   ASSERT_TRUE(c.Send(Event("a", 1, 1, R"(,"dropped":5)")));
   ASSERT_TRUE(SendDatagram(o.socket_path, Event("a", 1, 2, R"(,"dropped":2)")));
@@ -277,7 +278,7 @@ TEST_F(IngestSeqpacketTest, ClientDropsAreCountedPerJobForAcceptedEventsOnly) {
 TEST_F(IngestSeqpacketTest, StopClosesConnectionsAndRemovesBothSockets) {
   Received received;
   auto server = IngestServer::Start(Options(), received.Sink());
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   Connection c((*server)->seqpacket_path());
   ASSERT_TRUE(c.Send(Event("j", 1, 1)));
   ASSERT_TRUE(WaitFor([&] { return received.size() == 1; }));
@@ -303,7 +304,7 @@ TEST_F(IngestSeqpacketTest, StaleSocketIsReplacedAndALiveOneIsNot) {
     ::close(fd);
   }
   auto first = IngestServer::Start(Options(), received.Sink());
-  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_OK(first);
   // The datagram path is free but the seqpacket one is live: refused, and the first server's
   // sockets are left alone.
   IngestServerOptions o = Options();

@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "tests/agent/test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::agent {
 namespace {
@@ -70,7 +71,7 @@ class IngestServerTest : public ::testing::Test {
 TEST_F(IngestServerTest, ReceivesValidEventsWithSenderPidAndTime) {
   Received received;
   auto server = IngestServer::Start(Options(), received.Sink());
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   ASSERT_TRUE(SendDatagram((*server)->socket_path(), kEvent));
   ASSERT_TRUE(WaitFor([&] { return received.size() == 1; }));
   const v1::StepEvent e = received.events()[0];
@@ -88,7 +89,7 @@ TEST_F(IngestServerTest, SocketIsNotWorldWritableAndParentIsCreated) {
   o.socket_group = 65534;  // nogroup: the training users' group
   Received received;
   auto server = IngestServer::Start(o, received.Sink());
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   struct stat st;
   ASSERT_EQ(::stat(o.socket_path.c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
@@ -101,7 +102,7 @@ TEST_F(IngestServerTest, SocketIsNotWorldWritableAndParentIsCreated) {
 TEST_F(IngestServerTest, CountsEveryKindOfBadInputAndKeepsRunning) {
   Received received;
   auto server = IngestServer::Start(Options(), received.Sink());
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   const std::string path = (*server)->socket_path();
   ASSERT_TRUE(SendDatagram(path, "not json at all"));
   ASSERT_TRUE(SendDatagram(path, ""));
@@ -127,7 +128,7 @@ TEST_F(IngestServerTest, CountsEveryKindOfBadInputAndKeepsRunning) {
 TEST_F(IngestServerTest, ARankIsBoundToTheProcessThatReportsIt) {
   Received received;
   auto server = IngestServer::Start(Options(), received.Sink());
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   const std::string path = (*server)->socket_path();
   ASSERT_TRUE(SendDatagram(path, kEvent));  // this process now owns rank 1 of job j
   ASSERT_TRUE(WaitFor([&] { return received.size() == 1; }));
@@ -163,7 +164,7 @@ TEST_F(IngestServerTest, TenantBoundsRefuseOneUserAndAdmitAnother) {
   o.socket_mode = 0666;
   ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
   auto server = IngestServer::Start(o, received.Sink());
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   const std::string path = (*server)->socket_path();
   auto event = [](const std::string& job, int rank) {
     return absl::StrCat(R"({"job":")", job, R"(","rank":)", rank,
@@ -236,11 +237,11 @@ TEST_F(IngestServerTest, ReportsItsOwnPidNamespace) {
   IngestServerOptions o = Options();
   o.proc_self_status = status;
   auto nested = IngestServer::Start(o, received.Sink());
-  ASSERT_TRUE(nested.ok()) << nested.status();
+  ASSERT_OK(nested);
   EXPECT_TRUE((*nested)->stats().own_pid_namespace);
   (*nested)->Stop();
   auto host = IngestServer::Start(Options(), received.Sink());
-  ASSERT_TRUE(host.ok()) << host.status();
+  ASSERT_OK(host);
   // The test itself runs in the initial pid namespace (or the check is moot).
   const bool here = PidNamespaceNested([] {
                       std::ifstream in("/proc/self/status");
@@ -257,7 +258,7 @@ TEST_F(IngestServerTest, ReplacesStaleSocketFile) {
   Received received;
   {
     auto first = IngestServer::Start(Options(), received.Sink());
-    ASSERT_TRUE(first.ok()) << first.status();
+    ASSERT_OK(first);
     // Leave a socket file behind with nobody reading it, as a crashed agent would.
     const int fd = ::socket(AF_UNIX, SOCK_DGRAM, 0);
     (*first)->Stop();
@@ -271,7 +272,7 @@ TEST_F(IngestServerTest, ReplacesStaleSocketFile) {
     ASSERT_EQ(::stat(path.c_str(), &st), 0);
   }
   auto second = IngestServer::Start(Options(), received.Sink());
-  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_OK(second);
   ASSERT_TRUE(SendDatagram((*second)->socket_path(), kEvent));
   EXPECT_TRUE(WaitFor([&] { return received.size() == 1; }));
 }
@@ -279,7 +280,7 @@ TEST_F(IngestServerTest, ReplacesStaleSocketFile) {
 TEST_F(IngestServerTest, RefusesSocketInUseByAnotherAgent) {
   Received received;
   auto first = IngestServer::Start(Options(), received.Sink());
-  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_OK(first);
   auto second = IngestServer::Start(Options(), received.Sink());
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists);
@@ -313,7 +314,7 @@ TEST_F(IngestServerTest, RejectsOverlongPath) {
 TEST_F(IngestServerTest, StopRemovesSocketAndIsIdempotent) {
   Received received;
   auto server = IngestServer::Start(Options(), received.Sink());
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   const std::string path = (*server)->socket_path();
   const auto start = std::chrono::steady_clock::now();
   (*server)->Stop();
@@ -328,7 +329,7 @@ TEST_F(IngestServerTest, ManyEventsFromSeveralSendersAllArrive) {
   Received received;
   IngestServerOptions o = Options();
   auto server = IngestServer::Start(o, received.Sink());
-  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK(server);
   constexpr int kSenders = 4;
   constexpr int kPerSender = 500;
   std::vector<std::thread> senders;

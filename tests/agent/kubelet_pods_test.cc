@@ -14,6 +14,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kubelet/podresources/v1/api.grpc.pb.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
 namespace stepwatch::agent {
@@ -185,7 +186,7 @@ TEST(AttributingGpuSourceTest, GpuSamplesAndStepsCarryTheirPod) {
   TwoGpus gpus;
   AttributingGpuSource source(&gpus, &pods);
   absl::StatusOr<std::vector<v1::GpuSample>> samples = source.Sample(0);
-  ASSERT_TRUE(samples.ok());
+  ASSERT_OK(samples);
   EXPECT_EQ((*samples)[0].kubernetes_pod().pod(), "train-0");
   EXPECT_EQ((*samples)[1].kubernetes_pod().namespace_(), "team-b");
   EXPECT_FALSE((*samples)[2].has_kubernetes_pod());

@@ -12,6 +12,7 @@
 #include "agent/collector_link.h"
 #include "gtest/gtest.h"
 #include "tests/agent/test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::agent {
 namespace {
@@ -30,7 +31,7 @@ class SpoolTest : public ::testing::Test {
 
   std::unique_ptr<Spool> Open() {
     absl::StatusOr<std::unique_ptr<Spool>> s = Spool::Open(options_, kAgent);
-    EXPECT_TRUE(s.ok()) << s.status();
+    EXPECT_OK(s);
     return s.ok() ? *std::move(s) : nullptr;
   }
 
@@ -72,8 +73,8 @@ TEST_F(SpoolTest, UnackedBatchesAreReplayedWithTheirIdsAndAckedOnesAreNot) {
     EXPECT_EQ(boot_id.size(), 32u);
     EXPECT_EQ(spool->last_seq(), 0u);
     EXPECT_TRUE(spool->TakeRecovered().empty());
-    ASSERT_TRUE(spool->Reserve(4).ok());
-    for (uint64_t seq = 1; seq <= 4; ++seq) ASSERT_TRUE(spool->Write(Batch(*spool, seq, 3)).ok());
+    ASSERT_OK(spool->Reserve(4));
+    for (uint64_t seq = 1; seq <= 4; ++seq) ASSERT_OK(spool->Write(Batch(*spool, seq, 3)));
     EXPECT_EQ(spool->stats().batches, 4u);
     EXPECT_GT(spool->stats().bytes, 0u);
     spool->Remove(1, /*dropped=*/false);
@@ -105,9 +106,9 @@ TEST_F(SpoolTest, SeqsNeverRepeatAcrossRestartsEvenWhenEverythingWasAcked) {
   {
     std::unique_ptr<Spool> spool = Open();
     ASSERT_NE(spool, nullptr);
-    ASSERT_TRUE(spool->Reserve(7).ok());
+    ASSERT_OK(spool->Reserve(7));
     for (uint64_t seq = 1; seq <= 7; ++seq) {
-      ASSERT_TRUE(spool->Write(Batch(*spool, seq, 1)).ok());
+      ASSERT_OK(spool->Write(Batch(*spool, seq, 1)));
       spool->Remove(seq, /*dropped=*/false);
     }
     EXPECT_EQ(spool->stats().batches, 0u);
@@ -120,8 +121,8 @@ TEST_F(SpoolTest, SeqsNeverRepeatAcrossRestartsEvenWhenEverythingWasAcked) {
     first_last = spool->last_seq();
     // Use a few seqs past the lease boundary: the next start must begin above them.
     const uint64_t next = spool->last_seq() + options_.seq_lease + 5;
-    ASSERT_TRUE(spool->Reserve(next).ok());
-    ASSERT_TRUE(spool->Write(Batch(*spool, next, 1)).ok());
+    ASSERT_OK(spool->Reserve(next));
+    ASSERT_OK(spool->Write(Batch(*spool, next, 1)));
     spool->Remove(next, /*dropped=*/false);
     spool.reset();
     std::unique_ptr<Spool> again = Open();
@@ -133,8 +134,8 @@ TEST_F(SpoolTest, SeqsNeverRepeatAcrossRestartsEvenWhenEverythingWasAcked) {
 TEST_F(SpoolTest, DroppedBatchesAreCountedAndGone) {
   std::unique_ptr<Spool> spool = Open();
   ASSERT_NE(spool, nullptr);
-  ASSERT_TRUE(spool->Reserve(3).ok());
-  for (uint64_t seq = 1; seq <= 3; ++seq) ASSERT_TRUE(spool->Write(Batch(*spool, seq, 1)).ok());
+  ASSERT_OK(spool->Reserve(3));
+  for (uint64_t seq = 1; seq <= 3; ++seq) ASSERT_OK(spool->Write(Batch(*spool, seq, 1)));
   const uint64_t bytes = spool->stats().bytes;
   spool->Remove(1, /*dropped=*/true);
   EXPECT_EQ(spool->stats().dropped_batches_total, 1u);
@@ -152,8 +153,8 @@ TEST_F(SpoolTest, CorruptAndTruncatedRecordsAreSkippedCountedAndDeleted) {
     std::unique_ptr<Spool> spool = Open();
     ASSERT_NE(spool, nullptr);
     boot_id = spool->boot_id();
-    ASSERT_TRUE(spool->Reserve(4).ok());
-    for (uint64_t seq = 1; seq <= 4; ++seq) ASSERT_TRUE(spool->Write(Batch(*spool, seq, 5)).ok());
+    ASSERT_OK(spool->Reserve(4));
+    for (uint64_t seq = 1; seq <= 4; ++seq) ASSERT_OK(spool->Write(Batch(*spool, seq, 5)));
   }
   // 1: truncated in the payload; 2: one payload byte flipped; 4: cut inside the header.
   std::filesystem::resize_file(BatchFile(1), std::filesystem::file_size(BatchFile(1)) - 3);
@@ -193,8 +194,8 @@ TEST_F(SpoolTest, UnreadableBootFileIsRecoveredFromTheBatches) {
     std::unique_ptr<Spool> spool = Open();
     ASSERT_NE(spool, nullptr);
     boot_id = spool->boot_id();
-    ASSERT_TRUE(spool->Reserve(2).ok());
-    for (uint64_t seq = 1; seq <= 2; ++seq) ASSERT_TRUE(spool->Write(Batch(*spool, seq, 1)).ok());
+    ASSERT_OK(spool->Reserve(2));
+    for (uint64_t seq = 1; seq <= 2; ++seq) ASSERT_OK(spool->Write(Batch(*spool, seq, 1)));
   }
   { std::ofstream(options_.dir + "/boot", std::ios::trunc) << "garbage"; }
   std::unique_ptr<Spool> spool = Open();
@@ -246,8 +247,8 @@ TEST_F(SpoolTest, LeaseIsRewrittenInPlaceWhenNoNewFileCanBeMade) {
     std::unique_ptr<Spool> spool = Open();
     ASSERT_NE(spool, nullptr);
     boot_id = spool->boot_id();
-    ASSERT_TRUE(spool->Reserve(1).ok());
-    ASSERT_TRUE(spool->Write(Batch(*spool, 1, 3)).ok());
+    ASSERT_OK(spool->Reserve(1));
+    ASSERT_OK(spool->Write(Batch(*spool, 1, 3)));
     first_lease = spool->last_seq() + options_.seq_lease;
     EXPECT_EQ(spool->stats().boot_rewrites_in_place_total, 0u);
   }

@@ -11,6 +11,7 @@
 #include "common/json.h"
 #include "gtest/gtest.h"
 #include "tests/data/step_event_cases.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::step_event {
 namespace {
@@ -32,9 +33,9 @@ int64_t Integer(const json::Value& object, const std::string& name) {
 // proto/step_event_rules.json, which the clients' tests read, says what the constants say.
 TEST(StepEventRulesTest, PublishedRulesEqualTheConstants) {
   absl::StatusOr<std::string> text = ReadFile(test::SourcePath("proto/step_event_rules.json"));
-  ASSERT_TRUE(text.ok()) << text.status();
+  ASSERT_OK(text);
   absl::StatusOr<json::Value> doc = json::Parse(*text);
-  ASSERT_TRUE(doc.ok()) << doc.status();
+  ASSERT_OK(doc);
   EXPECT_EQ(Integer(*doc, "version"), kVersion);
   EXPECT_EQ(Integer(*doc, "max_datagram_bytes"), static_cast<int64_t>(kMaxDatagramBytes));
   const json::Value* job = Member(*doc, "job");
@@ -133,7 +134,7 @@ TEST(StepEventRulesTest, SharedEdgeCases) {
 }
 
 TEST(StepEventRulesTest, JobMustBeWellFormedUtf8) {
-  EXPECT_TRUE(ValidateJob("mod\xc3\xa8le").ok());
+  EXPECT_OK(ValidateJob("mod\xc3\xa8le"));
   EXPECT_FALSE(ValidateJob("a\xff").ok());               // not UTF-8
   EXPECT_FALSE(ValidateJob("a\xc3").ok());               // truncated
   EXPECT_FALSE(ValidateJob("\xc0\xaf").ok());            // overlong '/'
@@ -145,9 +146,9 @@ TEST(StepEventRulesTest, JobMustBeWellFormedUtf8) {
 
 TEST(StepEventRulesTest, SectionNames) {
   for (const char* ok : {"forward", "a", "Data", "COMM", "layer_1.attn:qkv/fwd-0", "0", "-", "/"}) {
-    EXPECT_TRUE(ValidateSectionName(ok).ok()) << ok;
+    EXPECT_OK(ValidateSectionName(ok)) << ok;
   }
-  EXPECT_TRUE(ValidateSectionName(std::string(kMaxSectionNameBytes, 'x')).ok());
+  EXPECT_OK(ValidateSectionName(std::string(kMaxSectionNameBytes, 'x')));
   const std::pair<std::string, const char*> bad[] = {
       {"", "empty"},
       {std::string(kMaxSectionNameBytes + 1, 'x'), "65 bytes"},
@@ -174,7 +175,7 @@ TEST(StepEventRulesTest, SectionsAreCheckedInValidate) {
   f.step_seconds = 1;
   std::vector<Section> sections = {{"forward", 0.5}, {"backward", 0}};
   f.sections = sections;
-  EXPECT_TRUE(Validate(f).ok());
+  EXPECT_OK(Validate(f));
   auto message = [&] { return std::string(Validate(f).message()); };
   sections[1].second = -1;
   f.sections = sections;
@@ -191,7 +192,7 @@ TEST(StepEventRulesTest, SectionsAreCheckedInValidate) {
   sections.clear();
   for (size_t i = 0; i < kMaxSections; ++i) sections.emplace_back(absl::StrCat("s", i), 0.01);
   f.sections = sections;
-  EXPECT_TRUE(Validate(f).ok());
+  EXPECT_OK(Validate(f));
   sections.emplace_back("one-more", 0.01);
   f.sections = sections;
   EXPECT_EQ(message(), "sections: 17 entries, the limit is 16");
@@ -203,11 +204,11 @@ TEST(StepEventRulesTest, DroppedIsCheckedButNotRequired) {
   f.job = "j";
   f.world_size = 1;
   f.step_seconds = 1;
-  EXPECT_TRUE(Validate(f).ok());
+  EXPECT_OK(Validate(f));
   f.dropped = -1;
   EXPECT_EQ(Validate(f).message().rfind("dropped", 0), 0u);
   f.dropped = 5;
-  EXPECT_TRUE(Validate(f).ok());
+  EXPECT_OK(Validate(f));
 }
 
 }  // namespace
