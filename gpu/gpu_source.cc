@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <initializer_list>
 #include <optional>
 #include <utility>
 
@@ -13,47 +12,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/log.h"
+#include "gpu/gpm_sampler.h"
 #include "gpu/gpu_health.h"
 #include "gpu/nvml_abi.h"
+#include "gpu/nvml_api.h"
 #include "gpu/nvml_decode.h"
-#include "gpu/nvml_symbols.h"
 #include "gpu/unavailable_readings.h"
 
 namespace stepwatch::gpu {
 namespace {
-
-// Entry points resolved from the loaded library; nullptr when this driver does not export one.
-struct NvmlApi {
-  nvml::InitFn init = nullptr;
-  nvml::ShutdownFn shutdown = nullptr;
-  nvml::ErrorStringFn error_string = nullptr;
-  nvml::SystemGetStringFn system_get_driver_version = nullptr;
-  nvml::SystemGetStringFn system_get_nvml_version = nullptr;
-  nvml::DeviceGetCountFn device_get_count = nullptr;
-  nvml::DeviceGetHandleByIndexFn device_get_handle_by_index = nullptr;
-  nvml::DeviceGetStringFn device_get_name = nullptr;
-  nvml::DeviceGetStringFn device_get_uuid = nullptr;
-  nvml::DeviceGetUtilizationRatesFn device_get_utilization_rates = nullptr;
-  nvml::DeviceGetMemoryInfoFn device_get_memory_info = nullptr;
-  nvml::DeviceGetClockFn device_get_clock_info = nullptr;
-  nvml::DeviceGetClockFn device_get_max_clock_info = nullptr;
-  nvml::DeviceGetUintFn device_get_power_usage = nullptr;
-  nvml::DeviceGetUintFn device_get_power_limit = nullptr;
-  nvml::DeviceGetTemperatureVFn device_get_temperature_v = nullptr;
-  nvml::DeviceGetTemperatureFn device_get_temperature = nullptr;
-  nvml::DeviceGetUllFn device_get_throttle_reasons = nullptr;
-  nvml::DeviceGetPcieThroughputFn device_get_pcie_throughput = nullptr;
-  nvml::DeviceGetFieldValuesFn device_get_field_values = nullptr;
-  nvml::DeviceGetProcessesFn device_get_compute_processes_v1 = nullptr;
-  nvml::DeviceGetProcessesFn device_get_compute_processes_v2 = nullptr;
-  nvml::DeviceGetProcessesFn device_get_compute_processes_v3 = nullptr;
-  nvml::DeviceGetMigModeFn device_get_mig_mode = nullptr;
-  nvml::GpmQueryDeviceSupportFn gpm_query_device_support = nullptr;
-  nvml::GpmSampleAllocFn gpm_sample_alloc = nullptr;
-  nvml::GpmSampleFreeFn gpm_sample_free = nullptr;
-  nvml::GpmSampleGetFn gpm_sample_get = nullptr;
-  nvml::GpmMetricsGetFn gpm_metrics_get = nullptr;
-};
 
 // A process-list entry point and the entry size it writes on this driver.
 struct ProcessEntryPoint {
@@ -70,25 +37,8 @@ constexpr unsigned int kMaxGpus = 1024;
 // Process buffers start at this many entries and grow to what the driver asks for, up to the cap.
 constexpr unsigned int kInitialProcessEntries = 64;
 constexpr unsigned int kMaxProcessEntries = 65536;
-constexpr const char* kGpmMetrics[] = {"sm_activity", "dram_bandwidth", "tensor_activity"};
-constexpr unsigned int kGpmMetricIds[] = {nvml::kGpmMetricSmUtil, nvml::kGpmMetricDramBwUtil,
-                                          nvml::kGpmMetricAnyTensorUtil};
-
-// Per-GPU state carried between samples: NVLink counters and GPM samples need two readings.
+// Per-GPU state carried between samples: NVLink rates need two readings.
 struct DeviceState {
-  bool gpm_probed = false;
-  // Empty while GPM works; otherwise why not (a ReasonOf value) and what said so.
-  std::string gpm_reason;
-  std::string gpm_detail;
-  nvml::GpmSample gpm_prev = nullptr;
-  nvml::GpmSample gpm_cur = nullptr;
-  bool gpm_has_prev = false;
-  // When the previous GPM sample was taken, on this process's monotonic clock.
-  std::chrono::steady_clock::time_point gpm_prev_time{};
-  bool gpm_interval_logged = false;
-  // The last GPM values, repeated while samples come faster than kGpmMinIntervalNanos.
-  std::optional<double> gpm_last[3];
-
   bool nvlink_has_prev = false;
   unsigned long long nvlink_tx_kib = 0;
   unsigned long long nvlink_rx_kib = 0;
@@ -106,13 +56,7 @@ class NvmlGpuSource : public GpuSource {
 
   ~NvmlGpuSource() override {
     absl::MutexLock lock(&mu_);
-    for (DeviceState& state : devices_) {
-      if (api_.gpm_sample_free != nullptr) {
-        if (state.gpm_prev != nullptr) api_.gpm_sample_free(state.gpm_prev);
-        if (state.gpm_cur != nullptr) api_.gpm_sample_free(state.gpm_cur);
-      }
-    }
-    devices_.clear();
+    gpm_.reset();     // Frees its GPM samples, before nvmlShutdown.
     health_.reset();  // Frees its NVML event set, before nvmlShutdown.
     if (initialized_ && api_.shutdown != nullptr) api_.shutdown();
     if (handle_ != nullptr) dlclose(handle_);
@@ -171,46 +115,7 @@ class NvmlGpuSource : public GpuSource {
                             why != nullptr ? why : "unknown dlopen error");
       return;
     }
-    ResolveNvmlSymbol(handle_, &api_.init, {"nvmlInit_v2", "nvmlInit"});
-    ResolveNvmlSymbol(handle_, &api_.shutdown, {"nvmlShutdown"});
-    ResolveNvmlSymbol(handle_, &api_.error_string, {"nvmlErrorString"});
-    ResolveNvmlSymbol(handle_, &api_.system_get_driver_version, {"nvmlSystemGetDriverVersion"});
-    ResolveNvmlSymbol(handle_, &api_.system_get_nvml_version, {"nvmlSystemGetNVMLVersion"});
-    ResolveNvmlSymbol(handle_, &api_.device_get_count,
-                      {"nvmlDeviceGetCount_v2", "nvmlDeviceGetCount"});
-    ResolveNvmlSymbol(handle_, &api_.device_get_handle_by_index,
-                      {"nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex"});
-    ResolveNvmlSymbol(handle_, &api_.device_get_name, {"nvmlDeviceGetName"});
-    ResolveNvmlSymbol(handle_, &api_.device_get_uuid, {"nvmlDeviceGetUUID"});
-    ResolveNvmlSymbol(handle_, &api_.device_get_utilization_rates,
-                      {"nvmlDeviceGetUtilizationRates"});
-    ResolveNvmlSymbol(handle_, &api_.device_get_memory_info, {"nvmlDeviceGetMemoryInfo"});
-    ResolveNvmlSymbol(handle_, &api_.device_get_clock_info, {"nvmlDeviceGetClockInfo"});
-    ResolveNvmlSymbol(handle_, &api_.device_get_max_clock_info, {"nvmlDeviceGetMaxClockInfo"});
-    ResolveNvmlSymbol(handle_, &api_.device_get_power_usage, {"nvmlDeviceGetPowerUsage"});
-    ResolveNvmlSymbol(handle_, &api_.device_get_power_limit,
-                      {"nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"});
-    // nvmlDeviceGetTemperature is deprecated in NVML 13; the V form replaces it (R550 and later).
-    ResolveNvmlSymbol(handle_, &api_.device_get_temperature_v, {"nvmlDeviceGetTemperatureV"});
-    ResolveNvmlSymbol(handle_, &api_.device_get_temperature, {"nvmlDeviceGetTemperature"});
-    // Renamed in CUDA 12 drivers; the old name stays exported for compatibility.
-    ResolveNvmlSymbol(
-        handle_, &api_.device_get_throttle_reasons,
-        {"nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"});
-    ResolveNvmlSymbol(handle_, &api_.device_get_pcie_throughput, {"nvmlDeviceGetPcieThroughput"});
-    ResolveNvmlSymbol(handle_, &api_.device_get_field_values, {"nvmlDeviceGetFieldValues"});
-    ResolveNvmlSymbol(handle_, &api_.device_get_compute_processes_v1,
-                      {"nvmlDeviceGetComputeRunningProcesses"});
-    ResolveNvmlSymbol(handle_, &api_.device_get_compute_processes_v2,
-                      {"nvmlDeviceGetComputeRunningProcesses_v2"});
-    ResolveNvmlSymbol(handle_, &api_.device_get_compute_processes_v3,
-                      {"nvmlDeviceGetComputeRunningProcesses_v3"});
-    ResolveNvmlSymbol(handle_, &api_.device_get_mig_mode, {"nvmlDeviceGetMigMode"});
-    ResolveNvmlSymbol(handle_, &api_.gpm_query_device_support, {"nvmlGpmQueryDeviceSupport"});
-    ResolveNvmlSymbol(handle_, &api_.gpm_sample_alloc, {"nvmlGpmSampleAlloc"});
-    ResolveNvmlSymbol(handle_, &api_.gpm_sample_free, {"nvmlGpmSampleFree"});
-    ResolveNvmlSymbol(handle_, &api_.gpm_sample_get, {"nvmlGpmSampleGet"});
-    ResolveNvmlSymbol(handle_, &api_.gpm_metrics_get, {"nvmlGpmMetricsGet"});
+    ResolveNvmlApi(handle_, &api_);
 
     if (api_.init == nullptr || api_.device_get_count == nullptr ||
         api_.device_get_handle_by_index == nullptr) {
@@ -227,6 +132,7 @@ class NvmlGpuSource : public GpuSource {
     }
     initialized_ = true;
     health_ = std::make_unique<GpuHealthReader>(handle_, api_.error_string);
+    gpm_ = std::make_unique<GpmSampler>(&api_);
     driver_version_ = SystemString(api_.system_get_driver_version);
     nvml_version_ = SystemString(api_.system_get_nvml_version);
     // _v2 first: it writes 24-byte entries on every driver that has it. _v3's entry size depends
@@ -309,16 +215,31 @@ class NvmlGpuSource : public GpuSource {
     v1::GpuSample s;
     s.set_index(static_cast<int32_t>(index));
     s.set_sampled_unix_nanos(now_unix_nanos);
+    const bool mig = SampleIdentity(device, &s);
+    SampleUtilization(index, device, mig, state, &s);
+    SampleMemory(index, device, state, &s);
+    SampleClocksAndPower(index, device, state, &s);
+    SampleTemperature(index, device, state, &s);
+    SampleThrottleAndPcie(index, device, state, &s);
+    SampleNvlink(index, device, now_unix_nanos, state, &s);
+    SampleProcesses(index, device, state, &s);
+    gpm_->Sample(index, device, mig, &state->unavailable, &s);
+    health_->Read(index, device, now_unix_nanos, &state->unavailable, &s);
+    return s;
+  }
+
+  // Name and UUID; returns whether MIG is enabled.
+  bool SampleIdentity(nvml::Device device, v1::GpuSample* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (api_.device_get_name != nullptr) {
       char name[nvml::kDeviceNameBufferSize] = {};
       if (api_.device_get_name(device, name, sizeof(name)) == nvml::kSuccess) {
-        s.set_name(std::string(name, strnlen(name, sizeof(name))));
+        s->set_name(std::string(name, strnlen(name, sizeof(name))));
       }
     }
     if (api_.device_get_uuid != nullptr) {
       char uuid[nvml::kDeviceUuidBufferSize] = {};
       if (api_.device_get_uuid(device, uuid, sizeof(uuid)) == nvml::kSuccess) {
-        s.set_uuid(std::string(uuid, strnlen(uuid, sizeof(uuid))));
+        s->set_uuid(std::string(uuid, strnlen(uuid, sizeof(uuid))));
       }
     }
     // With MIG enabled the parent GPU has no device-wide utilization or GPM readings; per-instance
@@ -330,78 +251,89 @@ class NvmlGpuSource : public GpuSource {
       mig = api_.device_get_mig_mode(device, &current, &pending) == nvml::kSuccess &&
             current == nvml::kDeviceMigEnable;
     }
+    return mig;
+  }
+
+  void SampleUtilization(unsigned int index, nvml::Device device, bool mig, DeviceState* state,
+                         v1::GpuSample* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (mig) {
-      Unavailable(index, state, &s, "utilization", "mig_enabled",
+      Unavailable(index, state, s, "utilization", "mig_enabled",
                   "MIG mode is enabled; per-instance utilization is not collected");
     } else if (Exported(api_.device_get_utilization_rates, "nvmlDeviceGetUtilizationRates", index,
-                        state, &s, "utilization")) {
+                        state, s, "utilization")) {
       nvml::Utilization u{};
       if (Check(api_.device_get_utilization_rates(device, &u), "nvmlDeviceGetUtilizationRates",
-                index, state, &s, "utilization")) {
-        s.set_utilization_gpu_ratio(u.gpu / 100.0);
-        s.set_utilization_memory_ratio(u.memory / 100.0);
+                index, state, s, "utilization")) {
+        s->set_utilization_gpu_ratio(u.gpu / 100.0);
+        s->set_utilization_memory_ratio(u.memory / 100.0);
       }
     }
-    if (Exported(api_.device_get_memory_info, "nvmlDeviceGetMemoryInfo", index, state, &s,
+  }
+
+  void SampleMemory(unsigned int index, nvml::Device device, DeviceState* state, v1::GpuSample* s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (Exported(api_.device_get_memory_info, "nvmlDeviceGetMemoryInfo", index, state, s,
                  "memory")) {
       nvml::Memory m{};
-      if (Check(api_.device_get_memory_info(device, &m), "nvmlDeviceGetMemoryInfo", index, state,
-                &s, "memory")) {
-        s.set_memory_used_bytes(m.used);
-        s.set_memory_total_bytes(m.total);
+      if (Check(api_.device_get_memory_info(device, &m), "nvmlDeviceGetMemoryInfo", index, state, s,
+                "memory")) {
+        s->set_memory_used_bytes(m.used);
+        s->set_memory_total_bytes(m.total);
       }
     }
+  }
+
+  void SampleClocksAndPower(unsigned int index, nvml::Device device, DeviceState* state,
+                            v1::GpuSample* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     unsigned int value = 0;
-    if (Exported(api_.device_get_clock_info, "nvmlDeviceGetClockInfo", index, state, &s,
+    if (Exported(api_.device_get_clock_info, "nvmlDeviceGetClockInfo", index, state, s,
                  "sm_clock") &&
         Check(api_.device_get_clock_info(device, nvml::kClockSm, &value), "nvmlDeviceGetClockInfo",
-              index, state, &s, "sm_clock")) {
-      s.set_sm_clock_mhz(value);
+              index, state, s, "sm_clock")) {
+      s->set_sm_clock_mhz(value);
     }
-    if (Exported(api_.device_get_max_clock_info, "nvmlDeviceGetMaxClockInfo", index, state, &s,
+    if (Exported(api_.device_get_max_clock_info, "nvmlDeviceGetMaxClockInfo", index, state, s,
                  "sm_clock_max") &&
         Check(api_.device_get_max_clock_info(device, nvml::kClockSm, &value),
-              "nvmlDeviceGetMaxClockInfo", index, state, &s, "sm_clock_max")) {
-      s.set_sm_clock_max_mhz(value);
+              "nvmlDeviceGetMaxClockInfo", index, state, s, "sm_clock_max")) {
+      s->set_sm_clock_max_mhz(value);
     }
-    if (Exported(api_.device_get_power_usage, "nvmlDeviceGetPowerUsage", index, state, &s,
+    if (Exported(api_.device_get_power_usage, "nvmlDeviceGetPowerUsage", index, state, s,
                  "power") &&
         Check(api_.device_get_power_usage(device, &value), "nvmlDeviceGetPowerUsage", index, state,
-              &s, "power")) {
-      s.set_power_watts(value / 1000.0);  // NVML reports milliwatts.
+              s, "power")) {
+      s->set_power_watts(value / 1000.0);  // NVML reports milliwatts.
     }
-    if (Exported(api_.device_get_power_limit, "nvmlDeviceGetEnforcedPowerLimit", index, state, &s,
+    if (Exported(api_.device_get_power_limit, "nvmlDeviceGetEnforcedPowerLimit", index, state, s,
                  "power_limit") &&
         Check(api_.device_get_power_limit(device, &value), "nvmlDeviceGetEnforcedPowerLimit", index,
-              state, &s, "power_limit")) {
-      s.set_power_limit_watts(value / 1000.0);
+              state, s, "power_limit")) {
+      s->set_power_limit_watts(value / 1000.0);
     }
-    SampleTemperature(index, device, state, &s);
+  }
+
+  void SampleThrottleAndPcie(unsigned int index, nvml::Device device, DeviceState* state,
+                             v1::GpuSample* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (Exported(api_.device_get_throttle_reasons, "nvmlDeviceGetCurrentClocksEventReasons", index,
-                 state, &s, "throttle_reasons")) {
+                 state, s, "throttle_reasons")) {
       unsigned long long reasons = 0;
       if (Check(api_.device_get_throttle_reasons(device, &reasons),
-                "nvmlDeviceGetCurrentClocksEventReasons", index, state, &s, "throttle_reasons")) {
-        s.set_throttle_reasons(reasons);
+                "nvmlDeviceGetCurrentClocksEventReasons", index, state, s, "throttle_reasons")) {
+        s->set_throttle_reasons(reasons);
       }
     }
-    if (Exported(api_.device_get_pcie_throughput, "nvmlDeviceGetPcieThroughput", index, state, &s,
+    if (Exported(api_.device_get_pcie_throughput, "nvmlDeviceGetPcieThroughput", index, state, s,
                  "pcie")) {
       unsigned int tx = 0;
       unsigned int rx = 0;
       if (Check(api_.device_get_pcie_throughput(device, nvml::kPcieUtilTxBytes, &tx),
-                "nvmlDeviceGetPcieThroughput(TX)", index, state, &s, "pcie") &&
+                "nvmlDeviceGetPcieThroughput(TX)", index, state, s, "pcie") &&
           Check(api_.device_get_pcie_throughput(device, nvml::kPcieUtilRxBytes, &rx),
-                "nvmlDeviceGetPcieThroughput(RX)", index, state, &s, "pcie")) {
-        s.set_pcie_tx_bytes_per_second(tx * kKiB);
-        s.set_pcie_rx_bytes_per_second(rx * kKiB);
+                "nvmlDeviceGetPcieThroughput(RX)", index, state, s, "pcie")) {
+        s->set_pcie_tx_bytes_per_second(tx * kKiB);
+        s->set_pcie_rx_bytes_per_second(rx * kKiB);
       }
     }
-    SampleNvlink(index, device, now_unix_nanos, state, &s);
-    SampleProcesses(index, device, state, &s);
-    SampleGpm(index, device, mig, state, &s);
-    health_->Read(index, device, now_unix_nanos, &state->unavailable, &s);
-    return s;
   }
 
   // nvmlDeviceGetTemperatureV first (NVML 13 deprecates the older call), then the older call.
@@ -513,98 +445,6 @@ class NvmlGpuSource : public GpuSource {
                 "no nvmlDeviceGetComputeRunningProcesses{,_v2,_v3} works on this driver");
   }
 
-  void GpmUnavailable(unsigned int index, DeviceState* state, v1::GpuSample* s,
-                      const std::string& reason, const std::string& detail)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (const char* metric : kGpmMetrics) Unavailable(index, state, s, metric, reason, detail);
-  }
-
-  // GPM metrics are computed between two samples taken at least kGpmMinIntervalNanos apart.
-  void SampleGpm(unsigned int index, nvml::Device device, bool mig, DeviceState* state,
-                 v1::GpuSample* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (api_.gpm_query_device_support == nullptr || api_.gpm_sample_alloc == nullptr ||
-        api_.gpm_sample_free == nullptr || api_.gpm_sample_get == nullptr ||
-        api_.gpm_metrics_get == nullptr) {
-      GpmUnavailable(index, state, s, "missing_entry_point",
-                     "the library does not export the nvmlGpm* entry points (drivers before R520)");
-      return;
-    }
-    if (mig) {
-      state->gpm_has_prev = false;
-      GpmUnavailable(index, state, s, "mig_enabled",
-                     "MIG mode is enabled; per-instance GPM is not collected");
-      return;
-    }
-    if (!state->gpm_probed) {
-      state->gpm_probed = true;
-      nvml::GpmSupport support{};
-      support.version = nvml::kGpmSupportVersion;
-      nvml::Return rc = api_.gpm_query_device_support(device, &support);
-      if (rc != nvml::kSuccess) {
-        state->gpm_reason = ReasonOf(rc);
-        state->gpm_detail = absl::StrCat("nvmlGpmQueryDeviceSupport: ", ErrorString(rc));
-      } else if (support.is_supported_device == 0) {
-        state->gpm_reason = "not_supported";
-        state->gpm_detail = "nvmlGpmQueryDeviceSupport: not a GPM device (before Hopper)";
-      } else if ((rc = api_.gpm_sample_alloc(&state->gpm_prev)) != nvml::kSuccess ||
-                 (rc = api_.gpm_sample_alloc(&state->gpm_cur)) != nvml::kSuccess) {
-        state->gpm_reason = ReasonOf(rc);
-        state->gpm_detail = absl::StrCat("nvmlGpmSampleAlloc: ", ErrorString(rc));
-      }
-    }
-    if (!state->gpm_reason.empty()) {
-      GpmUnavailable(index, state, s, state->gpm_reason, state->gpm_detail);
-      return;
-    }
-    // Measured right at the GPM call: the caller's timestamp may be taken well before it.
-    const auto now = std::chrono::steady_clock::now();
-    if (state->gpm_has_prev &&
-        now - state->gpm_prev_time < std::chrono::nanoseconds(kGpmMinIntervalNanos)) {
-      if (!state->gpm_interval_logged) {
-        state->gpm_interval_logged = true;
-        SW_LOG_INFO << "NVML: GPU " << index << ": samples come less than "
-                    << kGpmMinIntervalNanos / 1000000
-                    << " ms apart; GPM is sampled at most that often and its last values repeat";
-      }
-      SetGpm(state, s);
-      return;
-    }
-    nvml::Return rc = api_.gpm_sample_get(device, state->gpm_cur);
-    if (rc != nvml::kSuccess) {
-      state->gpm_has_prev = false;
-      GpmUnavailable(index, state, s, ReasonOf(rc),
-                     absl::StrCat("nvmlGpmSampleGet: ", ErrorString(rc)));
-      return;
-    }
-    if (state->gpm_has_prev) {
-      // 13 KiB: the whole struct as the largest NVML_GPM_METRIC_MAX declares it.
-      auto get = std::make_unique<nvml::GpmMetricsGet>();
-      get->version = nvml::kGpmMetricsGetVersion;
-      get->num_metrics = 3;
-      get->sample1 = state->gpm_prev;
-      get->sample2 = state->gpm_cur;
-      for (int i = 0; i < 3; ++i) get->metrics[i].metric_id = kGpmMetricIds[i];
-      rc = api_.gpm_metrics_get(get.get());
-      for (int i = 0; i < 3; ++i) {
-        state->gpm_last[i].reset();
-        const nvml::Return metric_rc = rc != nvml::kSuccess ? rc : get->metrics[i].nvml_return;
-        if (Check(metric_rc, "nvmlGpmMetricsGet", index, state, s, kGpmMetrics[i])) {
-          state->gpm_last[i] = get->metrics[i].value / 100.0;  // GPM reports percentages.
-        }
-      }
-      SetGpm(state, s);
-    }
-    std::swap(state->gpm_prev, state->gpm_cur);
-    state->gpm_has_prev = true;
-    state->gpm_prev_time = now;
-  }
-
-  static void SetGpm(const DeviceState* state, v1::GpuSample* s) {
-    if (state->gpm_last[0]) s->set_sm_activity_ratio(*state->gpm_last[0]);
-    if (state->gpm_last[1]) s->set_dram_bandwidth_ratio(*state->gpm_last[1]);
-    if (state->gpm_last[2]) s->set_tensor_activity_ratio(*state->gpm_last[2]);
-  }
-
   const GpuSourceOptions options_;
   // NVML is not promised to be thread-safe: every call into it, and all state below, is under mu_.
   mutable absl::Mutex mu_;
@@ -621,6 +461,7 @@ class NvmlGpuSource : public GpuSource {
   std::vector<DeviceState> devices_ ABSL_GUARDED_BY(mu_);
   // Set once NVML is initialised.
   std::unique_ptr<GpuHealthReader> health_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<GpmSampler> gpm_ ABSL_GUARDED_BY(mu_);
   LogRateLimiter log_limiter_{5, std::chrono::minutes(1)};
 };
 
