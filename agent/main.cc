@@ -18,6 +18,7 @@
 #include "agent/collector_router.h"
 #include "agent/ingest_server.h"
 #include "agent/kubelet_pods.h"
+#include "agent/node_reading.h"
 #include "agent/peer_strings.h"
 #include "common/clock.h"
 #include "common/collectors.h"
@@ -406,6 +407,48 @@ absl::StatusOr<stepwatch::security::ClientSecurity> ClientSecurityFromFlags(
   return client_security;
 }
 
+// The agent's /metrics when --metrics-listen asks for it; nullptr when not.
+absl::StatusOr<std::unique_ptr<stepwatch::agent::MetricsServer>> StartMetricsIfAsked(
+    const AgentSettings& f, stepwatch::agent::IngestServer* ingest,
+    stepwatch::agent::CollectorRouter* router,
+    std::shared_ptr<stepwatch::security::CheckedKeyCertPair> identity,
+    stepwatch::agent::KubeletPods* pods) {
+  if (f.metrics_listen.empty()) return nullptr;
+  absl::StatusOr<std::unique_ptr<stepwatch::agent::MetricsServer>> metrics =
+      StartMetrics(f.metrics_listen, f.node, f.buffer, ingest, router, std::move(identity), pods);
+  if (metrics.ok()) {
+    SW_LOG_INFO << "serving metrics on " << f.metrics_listen << " (port " << (*metrics)->port()
+                << ")";
+  }
+  return metrics;
+}
+
+stepwatch::agent::KubeletPodsOptions KubeletOptionsFromFlags(absl::Duration sample_interval) {
+  stepwatch::agent::KubeletPodsOptions options;
+  options.socket_path = absl::GetFlag(FLAGS_kubelet_socket);
+  const double interval = absl::GetFlag(FLAGS_kubelet_interval);
+  options.interval =
+      interval == 0 ? sample_interval : SecondsFlag(interval, "kubelet-interval", 0.1);
+  return options;
+}
+
+void LogReady(const AgentSettings& f, const stepwatch::agent::IngestServer& ingest,
+              const stepwatch::agent::CollectorRouter& router, const std::string& agent_id) {
+  SW_LOG_INFO << "stepwatch-agent ready: node " << f.node << ", listening on " << f.socket_path
+              << (ingest.seqpacket_path().empty() ? std::string()
+                                                  : absl::StrCat(" and ", ingest.seqpacket_path()))
+              << " (receive buffer " << ingest.receive_buffer_bytes() << " bytes), shipping to "
+              << f.collector << " (" << router.collectors().size() << " collectors now, "
+              << f.replicas << " per job) every " << absl::FormatDuration(f.interval)
+              << " (agent_id " << agent_id << ")";
+}
+
+void LogStopped(const stepwatch::agent::CollectorLinkStats& s) {
+  SW_LOG_INFO << "stopped: " << s.events_shipped_total << " events shipped, "
+              << s.batches_acknowledged_total << " of " << s.batches_created_total
+              << " batches acknowledged, " << s.batches_dropped_total << " dropped";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -426,13 +469,8 @@ int main(int argc, char** argv) {
   host::HostSamplerOptions host_options;
   host_options.root = absl::GetFlag(FLAGS_host_root);
   std::unique_ptr<host::HostSampler> host = host::MakeHostSampler(host_options);
-  agent::KubeletPodsOptions kubelet_options;
-  kubelet_options.socket_path = absl::GetFlag(FLAGS_kubelet_socket);
-  const double kubelet_interval = absl::GetFlag(FLAGS_kubelet_interval);
-  kubelet_options.interval =
-      kubelet_interval == 0 ? f.interval : SecondsFlag(kubelet_interval, "kubelet-interval", 0.1);
-  agent::KubeletPods kubelet_pods(kubelet_options);
-  if (!kubelet_options.socket_path.empty()) kubelet_pods.Start();
+  agent::KubeletPods kubelet_pods(KubeletOptionsFromFlags(f.interval));
+  if (!absl::GetFlag(FLAGS_kubelet_socket).empty()) kubelet_pods.Start();
   agent::AttributingGpuSource attributed_gpus(gpus.get(), &kubelet_pods);
 
   security::ClientTlsConfig tls;
@@ -469,29 +507,16 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  std::unique_ptr<agent::MetricsServer> metrics;
-  if (!f.metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<agent::MetricsServer>> m =
-        StartMetrics(f.metrics_listen, f.node, f.buffer, ingest->get(), &router,
-                     client_security->identity, &kubelet_pods);
-    if (!m.ok()) {
-      SW_LOG_ERROR << m.status();
-      (*ingest)->Stop();
-      router.Stop(absl::ZeroDuration());
-      return 1;
-    }
-    metrics = *std::move(m);
-    SW_LOG_INFO << "serving metrics on " << f.metrics_listen << " (port " << metrics->port() << ")";
+  absl::StatusOr<std::unique_ptr<agent::MetricsServer>> metrics =
+      StartMetricsIfAsked(f, ingest->get(), &router, client_security->identity, &kubelet_pods);
+  if (!metrics.ok()) {
+    SW_LOG_ERROR << metrics.status();
+    (*ingest)->Stop();
+    router.Stop(absl::ZeroDuration());
+    return 1;
   }
 
-  SW_LOG_INFO << "stepwatch-agent ready: node " << f.node << ", listening on " << f.socket_path
-              << ((*ingest)->seqpacket_path().empty()
-                      ? std::string()
-                      : absl::StrCat(" and ", (*ingest)->seqpacket_path()))
-              << " (receive buffer " << (*ingest)->receive_buffer_bytes() << " bytes), shipping to "
-              << f.collector << " (" << router.collectors().size() << " collectors now, "
-              << f.replicas << " per job) every " << absl::FormatDuration(f.interval)
-              << " (agent_id " << router_options.link.agent_id << ")";
+  LogReady(f, **ingest, router, router_options.link.agent_id);
 
   int sig = 0;
   while (sigwait(&signals, &sig) != 0) {
@@ -501,10 +526,7 @@ int main(int argc, char** argv) {
   (*ingest)->Stop();
   router.Stop(f.shutdown_timeout);
   kubelet_pods.Stop();
-  metrics.reset();
-  const agent::CollectorLinkStats s = router.stats().total;
-  SW_LOG_INFO << "stopped: " << s.events_shipped_total << " events shipped, "
-              << s.batches_acknowledged_total << " of " << s.batches_created_total
-              << " batches acknowledged, " << s.batches_dropped_total << " dropped";
+  metrics->reset();
+  LogStopped(router.stats().total);
   return 0;
 }
