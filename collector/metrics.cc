@@ -1,6 +1,8 @@
 #include "collector/metrics.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <initializer_list>
 #include <iterator>
 #include <map>
 #include <set>
@@ -357,8 +359,19 @@ void AddNodes(const StateSnapshot& s, const std::vector<ExportedNode>& nodes, Bu
   }
 }
 
-void AddCollectorHealth(const StateSnapshot& s, const SeriesDrops& dropped, Builder* b) {
-  b->SetGroup(nullptr);
+// One counter series per key, labelled `label`="key": its count in `counts` (0 when absent).
+void AddCountsByKey(const char* name, const char* help, const char* label,
+                    std::initializer_list<const char*> keys,
+                    const std::map<std::string, uint64_t>& counts, Builder* b) {
+  for (const char* key : keys) {
+    auto it = counts.find(key);
+    b->Counter(name, help, {{label, key}}, it == counts.end() ? 0 : it->second);
+  }
+}
+
+// What the collector received and stored (batches, steps, samples; the errors of ingest, of the
+// state file and of the job reports), and what it dropped at a limit or forgot after --expire.
+void AddIngestHealth(const StateSnapshot& s, Builder* b) {
   const CollectorCounters& c = s.counters;
   b->Counter("stepwatch_collector_batches_received_total", "Report batches received.", {},
              c.batches_received);
@@ -370,11 +383,8 @@ void AddCollectorHealth(const StateSnapshot& s, const SeriesDrops& dropped, Buil
   const char* kStepsRejected =
       "Step events dropped, by reason: invalid, limit, foreign (a rank or job another node "
       "holds).";
-  for (const char* reason : {"invalid", "limit", "foreign"}) {
-    auto it = c.steps_rejected.find(reason);
-    b->Counter("stepwatch_collector_steps_rejected_total", kStepsRejected, {{"reason", reason}},
-               it == c.steps_rejected.end() ? 0 : it->second);
-  }
+  AddCountsByKey("stepwatch_collector_steps_rejected_total", kStepsRejected, "reason",
+                 {"invalid", "limit", "foreign"}, c.steps_rejected, b);
   b->Counter("stepwatch_collector_gpu_samples_received_total", "GPU samples received.", {},
              c.gpu_samples_received);
   b->Counter("stepwatch_collector_host_samples_received_total", "Host samples received.", {},
@@ -401,30 +411,26 @@ void AddCollectorHealth(const StateSnapshot& s, const SeriesDrops& dropped, Buil
       "Data dropped because a limit was reached: jobs, jobs_per_node (new jobs of a node that "
       "opened --max-jobs-per-node), ranks_per_job, nodes, gpus_per_node, memory (new jobs, "
       "ranks, nodes and GPUs beyond --max-memory-mib).";
-  for (const char* limit :
-       {"jobs", "jobs_per_node", "ranks_per_job", "nodes", "gpus_per_node", "memory"}) {
-    auto it = c.limit_hits.find(limit);
-    b->Counter("stepwatch_collector_limit_hits_total", kLimitHits, {{"limit", limit}},
-               it == c.limit_hits.end() ? 0 : it->second);
-  }
+  AddCountsByKey("stepwatch_collector_limit_hits_total", kLimitHits, "limit",
+                 {"jobs", "jobs_per_node", "ranks_per_job", "nodes", "gpus_per_node", "memory"},
+                 c.limit_hits, b);
   const char* kExpired = "Jobs and nodes forgotten after being unseen for --expire.";
-  for (const char* kind : {"job", "node"}) {
-    auto it = c.expired.find(kind);
-    b->Counter("stepwatch_collector_expired_total", kExpired, {{"kind", kind}},
-               it == c.expired.end() ? 0 : it->second);
-  }
+  AddCountsByKey("stepwatch_collector_expired_total", kExpired, "kind", {"job", "node"}, c.expired,
+                 b);
+}
+
+// Calls, batches and fields refused (in all, by node, as malformed), and ranks taken over.
+void AddRefusalHealth(const CollectorCounters& c, Builder* b) {
   const char* kRefused =
       "Calls and batches refused: unauthenticated, permission_denied (a token of another role), "
       "node_mismatch (a batch for another node than its certificate), no_identity (a client "
       "certificate naming no node), rank_foreign (a step of a rank another node holds), "
       "job_foreign (a step rescaling a job whose ranks run on other nodes), rank_exit_foreign "
       "(the exit of a rank its node does not hold), jobs_per_node (see limit_hits).";
-  for (const char* reason : {"unauthenticated", "permission_denied", "node_mismatch", "no_identity",
-                             "rank_foreign", "job_foreign", "rank_exit_foreign", "jobs_per_node"}) {
-    auto it = c.refused.find(reason);
-    b->Counter("stepwatch_collector_requests_refused_total", kRefused, {{"reason", reason}},
-               it == c.refused.end() ? 0 : it->second);
-  }
+  AddCountsByKey("stepwatch_collector_requests_refused_total", kRefused, "reason",
+                 {"unauthenticated", "permission_denied", "node_mismatch", "no_identity",
+                  "rank_foreign", "job_foreign", "rank_exit_foreign", "jobs_per_node"},
+                 c.refused, b);
   const char* kNodeRefusals =
       "Refusals caused by one node, by node and reason: rank_foreign, job_foreign, "
       "rank_exit_foreign, jobs_per_node. At most 64 nodes are named, the rest are node=\"_other\".";
@@ -437,11 +443,8 @@ void AddCollectorHealth(const StateSnapshot& s, const SeriesDrops& dropped, Buil
       "INVALID_ARGUMENT), by reason: unparsable (not a ReportBatch protobuf), missing_field (no "
       "agent_id, boot_id or seq), bad_field (agent_id, boot_id or node over its bound or with "
       "control characters).";
-  for (const char* reason : {"unparsable", "missing_field", "bad_field"}) {
-    auto it = c.malformed.find(reason);
-    b->Counter("stepwatch_collector_malformed_batches_total", kMalformed, {{"reason", reason}},
-               it == c.malformed.end() ? 0 : it->second);
-  }
+  AddCountsByKey("stepwatch_collector_malformed_batches_total", kMalformed, "reason",
+                 {"unparsable", "missing_field", "bad_field"}, c.malformed, b);
   const char* kFieldsRefused =
       "Fields of ingest batches over their bound or with control characters, by field and "
       "reason (too_long, control_character): agent_id, boot_id and node cost their batch, the "
@@ -458,6 +461,13 @@ void AddCollectorHealth(const StateSnapshot& s, const SeriesDrops& dropped, Buil
              "Ranks that another node took over after their node went silent for --expire or "
              "their process exited.",
              {}, c.rank_takeovers);
+}
+
+void AddCollectorHealth(const StateSnapshot& s, const SeriesDrops& dropped, Builder* b) {
+  b->SetGroup(nullptr);
+  AddIngestHealth(s, b);
+  const CollectorCounters& c = s.counters;
+  AddRefusalHealth(c, b);
   const char* kSeriesDropped =
       "Series left out of /metrics by a cap, summed over scrapes, by family: rank (per-rank "
       "series, --max-rank-series or --max-series), finding (stepwatch_finding, "

@@ -1,5 +1,10 @@
 #include "metrics/node_metric_table.h"
 
+#include <iterator>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "gpu/gpu_source.h"
 #include "metrics/gpu_health_metric_table.h"
@@ -43,8 +48,9 @@ HostMetric Host(const char* name, MetricType type, const char* help, const char*
                     Scope::kAgentAndCollector};
 }
 
-std::vector<GpuMetric> MakeGpuMetrics() {
-  std::vector<GpuMetric> t = {
+// How busy the GPU is: kernels, SMs, memory, tensor cores, and the processes on it.
+std::vector<GpuMetric> ActivityMetrics() {
+  return {
       Gpu(
           "gpu_utilization_ratio", "Fraction of time a kernel was running (NVML utilization.gpu).",
           "ratio", "utilization",
@@ -77,6 +83,12 @@ std::vector<GpuMetric> MakeGpuMetrics() {
           [](const GpuSample& g) {
             return If(g.has_tensor_activity_ratio(), g.tensor_activity_ratio());
           }),
+  };
+}
+
+// Clocks, device memory, power, temperature and throttling.
+std::vector<GpuMetric> ClockMemoryAndPowerMetrics() {
+  return {
       Gpu("gpu_sm_clock_hertz", "SM clock.", "hertz", "sm_clock",
           [](const GpuSample& g) {
             return If(g.has_sm_clock_mhz(), g.sm_clock_mhz(), kHertzPerMegahertz);
@@ -102,6 +114,12 @@ std::vector<GpuMetric> MakeGpuMetrics() {
       Gpu("gpu_throttle_reasons", "NVML clocks throttle reasons bitmask (0: not throttled).", "",
           "throttle_reasons",
           [](const GpuSample& g) { return If(g.has_throttle_reasons(), g.throttle_reasons()); }),
+  };
+}
+
+// PCIe and NVLink throughput.
+std::vector<GpuMetric> InterconnectMetrics() {
+  return {
       Gpu("gpu_pcie_transmit_bytes_per_second", "PCIe transmit throughput.", "bytes_per_second",
           "pcie",
           [](const GpuSample& g) {
@@ -123,22 +141,29 @@ std::vector<GpuMetric> MakeGpuMetrics() {
             return If(g.has_nvlink_rx_bytes_per_second(), g.nvlink_rx_bytes_per_second());
           }),
   };
-  t.push_back(GpuMetric{"gpu_info",
-                        MetricType::Gauge,
-                        "GPU identity; always 1.",
-                        "",
-                        {"uuid", "name"},
-                        nullptr,
-                        [](const GpuSample& g) {
-                          return std::vector<NodeSeries>{{{g.uuid(), g.name()}, 1}};
-                        },
-                        nullptr,
-                        Importance::kNormal,
-                        Scope::kAgentAndCollector});
-  AppendGpuHealthMetrics(&t);
+}
+
+// The GPU's identity: one series labelled with its uuid and name.
+GpuMetric GpuInfoMetric() {
+  return GpuMetric{"gpu_info",
+                   MetricType::Gauge,
+                   "GPU identity; always 1.",
+                   "",
+                   {"uuid", "name"},
+                   nullptr,
+                   [](const GpuSample& g) {
+                     return std::vector<NodeSeries>{{{g.uuid(), g.name()}, 1}};
+                   },
+                   nullptr,
+                   Importance::kNormal,
+                   Scope::kAgentAndCollector};
+}
+
+// Which readings the driver gives for the GPU, and why not.
+GpuMetric MetricAvailableMetric() {
   // 21 series per GPU: useful on the node, too many for a fleet's /metrics, where an absent
   // series already says that the reading is missing.
-  t.push_back(GpuMetric{
+  return GpuMetric{
       "gpu_metric_available",
       MetricType::Gauge,
       "1 when the driver gives this reading for the GPU; reason says why not (not_supported, "
@@ -158,7 +183,20 @@ std::vector<GpuMetric> MakeGpuMetrics() {
       },
       nullptr,
       Importance::kNormal,
-      Scope::kAgentOnly});
+      Scope::kAgentOnly};
+}
+
+void Append(std::vector<GpuMetric> more, std::vector<GpuMetric>* t) {
+  t->insert(t->end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+}
+
+std::vector<GpuMetric> MakeGpuMetrics() {
+  std::vector<GpuMetric> t = ActivityMetrics();
+  Append(ClockMemoryAndPowerMetrics(), &t);
+  Append(InterconnectMetrics(), &t);
+  t.push_back(GpuInfoMetric());
+  AppendGpuHealthMetrics(&t);
+  t.push_back(MetricAvailableMetric());
   return t;
 }
 
