@@ -314,7 +314,7 @@ std::vector<MetricFamily> AgentCollectable::Collect() const {
   if (totals) AddLinkTotals(node, *totals, sources_.buffer_capacity_batches, &f);
   if (sources_.tls) AddTlsFamilies(node, sources_.tls(), &f);
   if (sources_.samples) {
-    const NodeSnapshot snap = sources_.samples();
+    const NodeReading snap = sources_.samples();
     f.Add("stepwatch_agent_nvml_available", "1 when NVML was loaded and initialised.", kGauge, nl,
           snap.node.nvml_available() ? 1 : 0);
     f.Add("stepwatch_agent_gpus", "GPUs NVML reports on the node.", kGauge, nl,

@@ -12,6 +12,7 @@
 #include "agent/collector_link.h"
 #include "agent/collector_router.h"
 #include "agent/ingest_server.h"
+#include "agent/node_reading.h"
 #include "http/metrics_endpoint.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
@@ -30,7 +31,7 @@ struct AgentMetricsSources {
   // every collector's: the totals under the families of `link`, plus per-collector families
   // (label `collector`) and the router's own counters. Used instead of `link` when set.
   std::function<CollectorRouterStats()> collectors;
-  std::function<NodeSnapshot()> samples;
+  std::function<NodeReading()> samples;
   // The client certificate's reloads; unset without --tls-cert.
   std::function<security::CheckedKeyCertPair::Stats()> tls;
 };

@@ -2,77 +2,27 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "agent/node_reading.h"
 #include "common/log.h"
 
 namespace stepwatch::agent {
 namespace {
 
-// FNV-1a: a hash that, unlike std::hash or absl::Hash, is the same in every process.
-uint64_t StableHash(absl::string_view s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 int Millis(absl::Duration d) { return static_cast<int>(absl::ToInt64Milliseconds(d)); }
 
 }  // namespace
 
-std::string MakeAgentId(const std::string& node, const std::string& socket_path) {
-  return absl::StrFormat("%s-%016x", node, StableHash(socket_path));
-}
-
-std::string MakeBootId() {
-  absl::BitGen gen;
-  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
-}
-
-NodeReading ReadNode(const v1::NodeInfo& info, gpu::GpuSource* gpus, host::HostSampler* host,
-                     int64_t now_unix_nanos, bool with_samples) {
-  NodeReading r;
-  r.node = info;
-  if (gpus != nullptr) gpus->DescribeNode(&r.node);
-  if (with_samples && gpus != nullptr) {
-    absl::StatusOr<std::vector<v1::GpuSample>> s = gpus->Sample(now_unix_nanos);
-    if (s.ok()) {
-      r.gpus = *std::move(s);
-    } else {
-      ++r.gpu_errors;
-    }
-  }
-  if (with_samples && host != nullptr) {
-    absl::StatusOr<v1::HostSample> s = host->Sample(now_unix_nanos);
-    if (s.ok()) {
-      r.host = *std::move(s);
-    } else {
-      ++r.host_errors;
-    }
-  }
-  BoundPeerStrings(&r.node, &r.gpus, &r.strings_bounded);
-  return r;
-}
-
-CollectorLink::CollectorLink(const CollectorLinkOptions& options, gpu::GpuSource* gpus,
-                             host::HostSampler* host)
+CollectorLink::CollectorLink(const CollectorLinkOptions& options)
     : options_(options),
       boot_id_(options.spool != nullptr  ? options.spool->boot_id()
                : options.boot_id.empty() ? MakeBootId()
                                          : options.boot_id),
-      gpus_(gpus),
-      host_(host),
-      clock_(options.clock ? options.clock : &real_clock_),
-      exits_(options.rank_exits) {
-  latest_.node = options_.node_info;
-}
+      clock_(options.clock ? options.clock : &real_clock_) {}
 
 CollectorLink::~CollectorLink() { Stop(absl::ZeroDuration()); }
 
@@ -120,34 +70,12 @@ absl::Status CollectorLink::Start() {
   return absl::OkStatus();
 }
 
-void CollectorLink::AddStep(v1::StepEvent&& event) {
-  exits_.Observe(event.job(), event.rank(), event.pid(),
-                 absl::ToInt64Nanoseconds(clock_->MonotonicNow()));
-  absl::MutexLock lock(&mu_);
-  if (pending_.size() >= options_.max_pending_events) {
-    ++stats_.events_dropped_total;
-    return;
-  }
-  pending_.push_back(std::move(event));
-}
-
-void CollectorLink::FlushNow() { CutBatches(/*with_samples=*/true); }
-
 void CollectorLink::Stop(absl::Duration flush_timeout) {
   {
     absl::MutexLock lock(&mu_);
     if (stopped_) return;
     stopped_ = true;
     if (!started_) return;
-  }
-  bool has_pending = false;
-  {
-    absl::MutexLock lock(&mu_);
-    has_pending = !pending_.empty();
-  }
-  if (has_pending) CutBatches(/*with_samples=*/false);
-  {
-    absl::MutexLock lock(&mu_);
     // Bounded flush, and none at all while the collector is away: it cannot hold up shutdown.
     clock_->AwaitFor(&mu_, absl::Condition(this, &CollectorLink::FlushedOrDisconnected),
                      flush_timeout);
@@ -170,7 +98,6 @@ CollectorLinkStats CollectorLink::stats() const {
   s.boot_id = boot_id_;
   s.buffered_batches = buffer_.size();
   s.buffered_bytes = buffered_bytes_;
-  s.pending_events = pending_.size();
   s.last_seq = last_seq_;
   s.acked_seq = acked_seq_;
   s.unspooled_batches = unspooled_;
@@ -188,53 +115,7 @@ LinkState CollectorLink::link_state() const {
   return LinkState{stats_.connected, link_since_};
 }
 
-NodeSnapshot CollectorLink::LatestSamples() const {
-  absl::MutexLock lock(&sample_mu_);
-  return latest_;
-}
-
-void CollectorLink::CutBatches(bool with_samples) {
-  absl::MutexLock cut_lock(&cut_mu_);
-  const int64_t now = clock_->NowUnixNanos();
-  NodeReading reading = ReadNode(options_.node_info, gpus_, host_, now, with_samples);
-  if (with_samples) {
-    absl::MutexLock lock(&sample_mu_);
-    latest_.node = reading.node;
-    latest_.gpus = reading.gpus;
-    latest_.host = reading.host;
-  }
-
-  // Check the senders before taking the pending steps: every step a process sent before it exited
-  // is then in this batch or an earlier one, ahead of its exit.
-  std::vector<v1::RankExit> exits;
-  if (with_samples) exits = exits_.Check(absl::ToInt64Nanoseconds(clock_->MonotonicNow()), now);
-
-  CutContents cut;
-  cut.created_unix_nanos = now;
-  cut.node = std::move(reading.node);
-  cut.gpus = std::move(reading.gpus);
-  cut.host = std::move(reading.host);
-  cut.rank_exits = std::move(exits);
-  {
-    absl::MutexLock lock(&mu_);
-    cut.steps.swap(pending_);
-    stats_.rank_exits_total += cut.rank_exits.size();
-    stats_.gpu_sample_errors_total += reading.gpu_errors;
-    for (int i = 0; i < kPeerStringFieldCount; ++i) {
-      stats_.peer_strings_bounded_total[i] += reading.strings_bounded[i];
-    }
-    stats_.host_sample_errors_total += reading.host_errors;
-  }
-  EnqueueLocked(std::move(cut));
-}
-
-void CollectorLink::Enqueue(CutContents cut) {
-  absl::MutexLock cut_lock(&cut_mu_);
-  EnqueueLocked(std::move(cut));
-}
-
-void CollectorLink::EnqueueLocked(CutContents cut) {
-  // Build outside mu_: AddStep must stay cheap for the ingest thread.
+std::vector<std::shared_ptr<v1::ReportBatch>> CollectorLink::BuildBatches(CutContents cut) const {
   std::vector<v1::StepEvent>& steps = cut.steps;
   std::vector<std::shared_ptr<v1::ReportBatch>> batches;
   size_t next_step = 0;
@@ -256,7 +137,13 @@ void CollectorLink::EnqueueLocked(CutContents cut) {
   // The exits ride in the last batch, after every step of this cut.
   for (auto& x : cut.rank_exits) *batches.back()->add_rank_exits() = std::move(x);
   for (auto& job : cut.released_jobs) batches.back()->add_released_jobs(std::move(job));
+  return batches;
+}
 
+void CollectorLink::Enqueue(CutContents cut) {
+  absl::MutexLock cut_lock(&cut_mu_);
+  // Built outside mu_: the stream thread and stats() are not held up by the copying.
+  std::vector<std::shared_ptr<v1::ReportBatch>> batches = BuildBatches(std::move(cut));
   {
     absl::MutexLock lock(&mu_);
     for (auto& batch : batches) batch->set_seq(++last_seq_);

@@ -1,8 +1,7 @@
 // Ships what the agent saw to ONE collector: every interval one ReportBatch (step events received
 // since the last one, GPU samples, a host sample) on ONE long-lived Ingest.Report stream.
-// A CollectorLink has no schedule of its own: its CollectorRouter samples once per interval for
-// every collector and hands each link its part with Enqueue(). FlushNow() cuts a batch from
-// AddStep()'s steps and the link's own sources instead (tests and tools drive a link that way).
+// A CollectorLink has no schedule and no sources of its own: its CollectorRouter reads the node
+// once per interval for every collector and hands each link its part with Enqueue().
 // Unacknowledged batches stay in a bounded buffer and are resent in order after a reconnect, so a
 // collector restart loses nothing within the buffer; when the buffer is full the oldest batches
 // are dropped and counted. With a Spool every batch is also written to disk before it is first
@@ -28,8 +27,6 @@
 #include "agent/spool.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "gpu/gpu_source.h"
-#include "host/host_sampler.h"
 #include "security/tls_errors.h"
 #include "security/tokens.h"
 #include "stepwatch/v1/stepwatch.grpc.pb.h"
@@ -50,12 +47,13 @@ struct CollectorLinkOptions {
   std::string agent_id;
   // Id of this process; empty means a random one (MakeBootId).
   std::string boot_id;
-  // Sent in every batch; nvml_* and gpu fields are filled in from the GpuSource.
+  // The router's: the node it reads (ReadNode) and sends in every batch; nvml_* and gpu fields
+  // are filled in from the GpuSource.
   v1::NodeInfo node_info;
   // Bounds on unacknowledged batches; the oldest are dropped beyond either.
   size_t max_buffered_batches = 600;
   size_t max_buffered_bytes = 64 << 20;
-  // Step events waiting for the next batch; more are dropped and counted.
+  // The router's: step events waiting for the next cut; more are dropped and counted.
   size_t max_pending_events = 200000;
   // More events than this in one interval are split over several batches, keeping every message
   // well under gRPC's default 4 MiB receive limit.
@@ -69,8 +67,9 @@ struct CollectorLinkOptions {
   // HTTP/2 keepalive pings while a stream is open (never without one: servers refuse that).
   absl::Duration keepalive_time = absl::Seconds(30);
   absl::Duration keepalive_timeout = absl::Seconds(10);
-  // Sender processes of step events are checked every interval; the (job, rank) entries whose
-  // process exited go out once in ReportBatch.rank_exits (a finished job, not a stalled one).
+  // The router's: sender processes of step events are checked every interval; the (job, rank)
+  // entries whose process exited go out once in ReportBatch.rank_exits (a finished job, not a
+  // stalled one).
   RankExitTrackerOptions rank_exits;
   // Time of batches and step events (TimeNow), and of every wait, measured on its MonotonicNow so
   // that a wall-clock step moves no schedule: the interval, the reconnect backoff, the connect,
@@ -109,21 +108,24 @@ struct CollectorLinkStats {
   // Dropped unacknowledged because the buffer was full.
   uint64_t batches_dropped_total = 0;
   uint64_t events_shipped_total = 0;
-  // Dropped before batching because too many were pending.
+  // Filled in by the router: dropped before batching because too many were pending.
   uint64_t events_dropped_total = 0;
   uint64_t buffered_batches = 0;
   uint64_t buffered_bytes = 0;
+  // Filled in by the router: step events waiting for the next cut.
   uint64_t pending_events = 0;
   bool connected = false;
   uint64_t connect_attempts_total = 0;
   uint64_t connects_total = 0;
+  // Filled in by the router: the node's readings that failed.
   uint64_t gpu_sample_errors_total = 0;
   uint64_t host_sample_errors_total = 0;
-  // (job, rank) entries reported exited (their sender process was gone).
+  // Filled in by the router: (job, rank) entries reported exited (their sender process was gone).
   uint64_t rank_exits_total = 0;
   uint64_t last_seq = 0;
   uint64_t acked_seq = 0;
-  // NVML and host strings cut to their bound or with bytes replaced, by field (peer_strings.h).
+  // Filled in by the router: NVML and host strings cut to their bound or with bytes replaced, by
+  // field (peer_strings.h).
   PeerStringCounts peer_strings_bounded_total{};
   // Filled in when a spool is used.
   std::optional<SpoolStats> spool;
@@ -157,40 +159,9 @@ struct LinkState {
   absl::Duration since = -absl::InfiniteDuration();
 };
 
-// The latest readings, for the agent's own /metrics.
-struct NodeSnapshot {
-  v1::NodeInfo node;
-  std::vector<v1::GpuSample> gpus;
-  std::optional<v1::HostSample> host;
-};
-
-// One reading of the node for a cut: its NodeInfo with the GPUs described and, with
-// `with_samples`, a GPU and a host sample; a source that fails leaves its part out and is counted.
-struct NodeReading {
-  v1::NodeInfo node;
-  std::vector<v1::GpuSample> gpus;
-  std::optional<v1::HostSample> host;
-  uint64_t gpu_errors = 0;
-  uint64_t host_errors = 0;
-  // Strings of `node` and `gpus` that BoundPeerStrings changed.
-  PeerStringCounts strings_bounded{};
-};
-// `gpus` and `host` may be nullptr (nothing of that kind is read). The peer-chosen strings are
-// bounded (BoundPeerStrings).
-NodeReading ReadNode(const v1::NodeInfo& info, gpu::GpuSource* gpus, host::HostSampler* host,
-                     int64_t now_unix_nanos, bool with_samples);
-
-// "<node>-<16 hex digits of a hash of the socket path>": stable across restarts, distinct for
-// several agents on one machine.
-std::string MakeAgentId(const std::string& node, const std::string& socket_path);
-// 32 random hex digits.
-std::string MakeBootId();
-
 class CollectorLink {
  public:
-  // `gpus` and `host` may be nullptr (nothing of that kind is sampled); they must outlive the
-  // CollectorLink and are called from one thread at a time.
-  CollectorLink(const CollectorLinkOptions& options, gpu::GpuSource* gpus, host::HostSampler* host);
+  explicit CollectorLink(const CollectorLinkOptions& options);
   ~CollectorLink();
   CollectorLink(const CollectorLink&) = delete;
   CollectorLink& operator=(const CollectorLink&) = delete;
@@ -198,27 +169,19 @@ class CollectorLink {
   // Starts the stream thread.
   absl::Status Start();
 
-  // Queues a step event for the next batch and remembers its sender pid (for rank exits).
-  // Thread-safe, never blocks on the network.
-  void AddStep(v1::StepEvent&& event);
-
-  // Cuts a batch now from the steps given to AddStep() and the sources (tests and tools; Stop()
-  // cuts what is still pending).
-  void FlushNow();
-
   // Turns one cut into batches (split by max_events_per_batch), gives them seqs, spools them and
-  // queues them for the stream: what the router calls every interval. Thread-safe.
+  // queues them for the stream: what the router calls every interval. Thread-safe, never blocks
+  // on the network.
   void Enqueue(CutContents cut);
 
   // Stream state, for failover decisions.
   LinkState link_state() const;
 
-  // Cuts a last batch, waits up to `flush_timeout` for the collector to acknowledge everything,
-  // then closes the stream and joins the threads. Idempotent.
+  // Waits up to `flush_timeout` for the collector to acknowledge every queued batch, then closes
+  // the stream and joins the threads. Idempotent.
   void Stop(absl::Duration flush_timeout = absl::Seconds(2));
 
   CollectorLinkStats stats() const;
-  NodeSnapshot LatestSamples() const;
   const std::string& boot_id() const { return boot_id_; }
 
  private:
@@ -246,8 +209,9 @@ class CollectorLink {
   std::string ProbeFailure();
   // Logs the likely cause of a failed attempt when it differs from the last one logged.
   void ExplainFailure(const std::string& grpc_message, std::string* last_cause);
-  void CutBatches(bool with_samples);
-  void EnqueueLocked(CutContents cut) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cut_mu_);
+  // The batches of one cut, without seqs: steps split by max_events_per_batch, the samples in
+  // the first, the rank exits and released jobs in the last.
+  std::vector<std::shared_ptr<v1::ReportBatch>> BuildBatches(CutContents cut) const;
   // Writes freshly cut batches to the spool before anyone may send them; returns how many (a
   // prefix) were written.
   size_t SpoolBatches(const std::vector<std::shared_ptr<v1::ReportBatch>>& batches);
@@ -269,23 +233,18 @@ class CollectorLink {
 
   const CollectorLinkOptions options_;
   const std::string boot_id_;
-  gpu::GpuSource* const gpus_;
-  host::HostSampler* const host_;
   const RealClock real_clock_;
   const Clock* const clock_;
-  RankExitTracker exits_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Ingest::Stub> stub_;
 
-  // Serializes CutBatches (ticker, FlushNow, Stop) and Enqueue: the sources need not be
-  // thread-safe, and seqs reach the buffer in order.
+  // Serializes Enqueue: seqs reach the buffer (and the spool) in order.
   absl::Mutex cut_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   // Waits on mu_ go through clock_ (AwaitWithDeadline), so that a SimulatedClock drives them.
   mutable absl::Mutex mu_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<v1::StepEvent> pending_ ABSL_GUARDED_BY(mu_);
   std::deque<Entry> buffer_ ABSL_GUARDED_BY(mu_);
   size_t buffered_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Entries of buffer_ with spooled == false.
@@ -306,9 +265,6 @@ class CollectorLink {
 
   LogRateLimiter spool_log_{3, std::chrono::seconds(60)};
   LogRateLimiter cause_log_{3, std::chrono::seconds(60)};
-
-  mutable absl::Mutex sample_mu_;
-  NodeSnapshot latest_ ABSL_GUARDED_BY(sample_mu_);
 
   std::thread streamer_;
 };

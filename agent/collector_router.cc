@@ -185,7 +185,7 @@ absl::StatusOr<std::shared_ptr<CollectorRouter::Link>> CollectorRouter::MakeLink
                      << "); its batches are held in memory only";
     }
   }
-  link->impl = std::make_unique<CollectorLink>(o, nullptr, nullptr);
+  link->impl = std::make_unique<CollectorLink>(o);
   if (absl::Status st = link->impl->Start(); !st.ok()) return st;
   return link;
 }
@@ -415,9 +415,7 @@ void CollectorRouter::Cut(bool with_samples) {
   NodeReading reading = ReadNode(options_.link.node_info, gpus_, host_, now, with_samples);
   if (with_samples) {
     absl::MutexLock lock(&sample_mu_);
-    latest_.node = reading.node;
-    latest_.gpus = reading.gpus;
-    latest_.host = reading.host;
+    latest_ = reading;
   }
 
   Links links;
@@ -527,7 +525,7 @@ CollectorRouterStats CollectorRouter::stats() const {
   return out;
 }
 
-NodeSnapshot CollectorRouter::LatestSamples() const {
+NodeReading CollectorRouter::LatestSamples() const {
   absl::MutexLock lock(&sample_mu_);
   return latest_;
 }

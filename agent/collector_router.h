@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "agent/collector_link.h"
 #include "agent/cut_plan.h"
+#include "agent/node_reading.h"
 #include "agent/rank_exit_tracker.h"
 #include "agent/spool.h"
 #include "common/clock.h"
@@ -119,7 +120,8 @@ class CollectorRouter {
   std::vector<std::string> OwnersOf(const std::string& job) const;
   std::vector<std::string> collectors() const;
   CollectorRouterStats stats() const;
-  NodeSnapshot LatestSamples() const;
+  // The node as the last cut with samples read it (the NodeInfo alone before that).
+  NodeReading LatestSamples() const;
 
  private:
   struct Link {
@@ -191,7 +193,7 @@ class CollectorRouter {
   LogRateLimiter resolve_log_{3, std::chrono::seconds(300)};
 
   mutable absl::Mutex sample_mu_;
-  NodeSnapshot latest_ ABSL_GUARDED_BY(sample_mu_);
+  NodeReading latest_ ABSL_GUARDED_BY(sample_mu_);
 
   std::thread ticker_;
   std::thread resolver_;

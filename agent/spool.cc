@@ -21,7 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "agent/collector_link.h"
+#include "agent/node_reading.h"
 #include "common/file.h"
 #include "common/log.h"
 

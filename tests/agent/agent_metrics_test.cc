@@ -54,7 +54,7 @@ AgentMetricsSources FakeSources() {
     return t;
   };
   s.samples = [] {
-    NodeSnapshot n;
+    NodeReading n;
     n.node.set_nvml_available(true);
     n.node.set_gpu_count(2);
     v1::GpuSample g0;

@@ -1,8 +1,6 @@
 #include "agent/collector_link.h"
 
 #include <grpcpp/grpcpp.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
@@ -13,6 +11,7 @@
 
 #include "absl/time/clock.h"
 #include "agent/backoff.h"
+#include "agent/node_reading.h"
 #include "agent/spool.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
@@ -48,11 +47,17 @@ CollectorLinkOptions RealTimeOptions(int port) {
   CollectorLinkOptions o;
   o.collector = "127.0.0.1:" + std::to_string(port);
   o.agent_id = MakeAgentId("node-a", "/tmp/a.sock");
-  o.node_info.set_node("node-a");
   o.backoff.initial = absl::Milliseconds(10);
   o.backoff.max = absl::Milliseconds(100);
   o.connect_timeout = absl::Milliseconds(500);
   return o;
+}
+
+// Steps first, first + 1, ..., first + n - 1.
+std::vector<v1::StepEvent> Steps(int64_t first, int n) {
+  std::vector<v1::StepEvent> out;
+  for (int64_t i = first; i < first + n; ++i) out.push_back(Step(i));
+  return out;
 }
 
 std::set<int64_t> AsSet(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
@@ -83,6 +88,23 @@ class CollectorLinkTest : public ::testing::Test {
   bool AdvanceUntil(const std::function<bool()>& pred,
                     absl::Duration horizon = absl::Milliseconds(100)) {
     return testing::AdvanceUntil(clock_, pred, horizon);
+  }
+
+  // A cut as the router makes one for a link: `steps`, and node-a as ReadNode reads it now with
+  // `gpus` and `host` (either may be nullptr). Rank exits and released jobs are added by the test.
+  CutContents Cut(std::vector<v1::StepEvent> steps, gpu::GpuSource* gpus = nullptr,
+                  host::HostSampler* host = nullptr) {
+    v1::NodeInfo info;
+    info.set_node("node-a");
+    const int64_t now = clock_.NowUnixNanos();
+    NodeReading reading = ReadNode(info, gpus, host, now, /*with_samples=*/true);
+    CutContents cut;
+    cut.created_unix_nanos = now;
+    cut.node = std::move(reading.node);
+    cut.gpus = std::move(reading.gpus);
+    cut.host = std::move(reading.host);
+    cut.steps = std::move(steps);
+    return cut;
   }
 
   SimulatedClock clock_;
@@ -129,12 +151,10 @@ TEST_F(CollectorLinkTest, DeliversStepsAndSamplesInOrderAndDrainsOnAck) {
   ASSERT_GT(port, 0);
   FakeGpus gpus;
   FakeHost host;
-  CollectorLink link(Options(port), &gpus, &host);
+  CollectorLink link(Options(port));
   ASSERT_OK(link.Start());
-  for (int i = 0; i < 3; ++i) link.AddStep(Step(i));
-  link.FlushNow();
-  link.AddStep(Step(3));
-  link.FlushNow();
+  link.Enqueue(Cut(Steps(0, 3), &gpus, &host));
+  link.Enqueue(Cut(Steps(3, 1), &gpus, &host));
   ASSERT_TRUE(AdvanceUntil([&] { return link.stats().batches_acknowledged_total == 2; }));
   const std::vector<v1::ReportBatch> batches = collector.batches();
   ASSERT_EQ(batches.size(), 2u);
@@ -157,10 +177,9 @@ TEST_F(CollectorLinkTest, DeliversStepsAndSamplesInOrderAndDrainsOnAck) {
   EXPECT_EQ(s.buffered_bytes, 0u);
   EXPECT_EQ(s.acked_seq, 2u);
   EXPECT_EQ(s.batches_resent_total, 0u);
+  EXPECT_EQ(s.batches_created_total, 2u);
+  EXPECT_EQ(s.events_shipped_total, 4u);
   EXPECT_TRUE(s.connected);
-  // The latest readings are kept for /metrics.
-  EXPECT_EQ(link.LatestSamples().gpus.size(), 2u);
-  EXPECT_TRUE(link.LatestSamples().host.has_value());
 }
 
 // The acknowledgement timeout too: a step forward does not replace a healthy stream, a step back
@@ -171,11 +190,10 @@ TEST_F(CollectorLinkTest, AckTimeoutIgnoresWallClockSteps) {
   ASSERT_GT(port, 0);
   CollectorLinkOptions o = Options(port);
   o.ack_timeout = absl::Milliseconds(300);
-  CollectorLink link(o, nullptr, nullptr);
+  CollectorLink link(o);
   ASSERT_OK(link.Start());
   ASSERT_TRUE(AdvanceUntil([&] { return link.stats().connected; }));
-  link.AddStep(Step(0));
-  link.FlushNow();
+  link.Enqueue(Cut(Steps(0, 1)));
   ASSERT_TRUE(WaitFor([&] { return collector.batches().size() == 1; }));
   ASSERT_TRUE(WaitFor([&] { return clock_.next_deadline() == clock_.TimeNow() + o.ack_timeout; }));
   clock_.StepWallTime(absl::Hours(1));
@@ -191,13 +209,12 @@ TEST_F(CollectorLinkTest, CollectorRestartLosesNothingWithinTheBuffer) {
   FakeCollector first;
   const int port = first.Start(0, {/*ack=*/false});
   ASSERT_GT(port, 0);
-  CollectorLink link(Options(port), nullptr, nullptr);
+  CollectorLink link(Options(port));
   ASSERT_OK(link.Start());
   int64_t step = 0;
   for (int b = 0; b < 5; ++b) {
-    link.AddStep(Step(step++));
-    link.AddStep(Step(step++));
-    link.FlushNow();
+    link.Enqueue(Cut(Steps(step, 2)));
+    step += 2;
   }
   // Written but never acknowledged: all five are still held.
   ASSERT_TRUE(AdvanceUntil([&] { return first.batches().size() == 5; }));
@@ -205,10 +222,7 @@ TEST_F(CollectorLinkTest, CollectorRestartLosesNothingWithinTheBuffer) {
   first.Shutdown();
   ASSERT_TRUE(WaitFor([&] { return !link.stats().connected; }));
   // While the collector is away, more batches pile up.
-  for (int b = 0; b < 3; ++b) {
-    link.AddStep(Step(step++));
-    link.FlushNow();
-  }
+  for (int b = 0; b < 3; ++b) link.Enqueue(Cut(Steps(step++, 1)));
   FakeCollector second;
   ASSERT_EQ(second.Start(port, {/*ack=*/true}), port);
   ASSERT_TRUE(AdvanceUntil([&] { return link.stats().buffered_batches == 0; }))
@@ -234,12 +248,9 @@ TEST_F(CollectorLinkTest, StreamDroppedByServerIsReopenedAndNothingIsLost) {
   b.drop_stream_after = 2;
   const int port = collector.Start(0, b);
   ASSERT_GT(port, 0);
-  CollectorLink link(Options(port), nullptr, nullptr);
+  CollectorLink link(Options(port));
   ASSERT_OK(link.Start());
-  for (int i = 0; i < 10; ++i) {
-    link.AddStep(Step(i));
-    link.FlushNow();
-  }
+  for (int i = 0; i < 10; ++i) link.Enqueue(Cut(Steps(i, 1)));
   ASSERT_TRUE(AdvanceUntil([&] { return link.stats().buffered_batches == 0; }));
   std::set<int64_t> expected;
   for (int64_t i = 0; i < 10; ++i) expected.insert(i);
@@ -252,12 +263,9 @@ TEST_F(CollectorLinkTest, FullBufferDropsOldestAndTellsTheCollector) {
   ASSERT_GT(port, 0);
   CollectorLinkOptions o = Options(port);
   o.max_buffered_batches = 3;
-  CollectorLink link(o, nullptr, nullptr);
+  CollectorLink link(o);
   ASSERT_OK(link.Start());
-  for (int i = 0; i < 10; ++i) {
-    link.AddStep(Step(i));
-    link.FlushNow();
-  }
+  for (int i = 0; i < 10; ++i) link.Enqueue(Cut(Steps(i, 1)));
   CollectorLinkStats s = link.stats();
   EXPECT_EQ(s.batches_created_total, 10u);
   EXPECT_EQ(s.batches_dropped_total, 7u);
@@ -277,12 +285,9 @@ TEST_F(CollectorLinkTest, FullBufferDropsOldestAndTellsTheCollector) {
 TEST_F(CollectorLinkTest, ByteBoundAlsoDropsOldest) {
   CollectorLinkOptions o = Options(UnusedPort());
   o.max_buffered_bytes = 2000;
-  CollectorLink link(o, nullptr, nullptr);
+  CollectorLink link(o);
   ASSERT_OK(link.Start());
-  for (int b = 0; b < 10; ++b) {
-    for (int i = 0; i < 20; ++i) link.AddStep(Step(i));
-    link.FlushNow();
-  }
+  for (int b = 0; b < 10; ++b) link.Enqueue(Cut(Steps(0, 20)));
   const CollectorLinkStats s = link.stats();
   EXPECT_GT(s.batches_dropped_total, 0u);
   EXPECT_LE(s.buffered_bytes, 2000u);
@@ -297,7 +302,7 @@ TEST_F(CollectorLinkTest, ReconnectBackoffGrowsAndIsCapped) {
   CollectorLinkOptions o = Options(port);
   o.backoff.initial = absl::Milliseconds(4);
   o.backoff.max = absl::Milliseconds(16);
-  CollectorLink link(o, nullptr, nullptr);
+  CollectorLink link(o);
   ASSERT_OK(link.Start());
   absl::Duration base = o.backoff.initial;
   for (int attempt = 1; attempt <= 5; ++attempt) {
@@ -329,11 +334,10 @@ TEST_F(CollectorLinkTest, StuckStreamIsReplacedAfterAckTimeout) {
   ASSERT_GT(port, 0);
   CollectorLinkOptions o = Options(port);
   o.ack_timeout = absl::Milliseconds(300);
-  CollectorLink link(o, nullptr, nullptr);
+  CollectorLink link(o);
   ASSERT_OK(link.Start());
   ASSERT_TRUE(AdvanceUntil([&] { return link.stats().connected; }));
-  link.AddStep(Step(0));
-  link.FlushNow();
+  link.Enqueue(Cut(Steps(0, 1)));
   for (uint64_t stream = 1; stream <= 3; ++stream) {
     // Written on this stream (again on each new one), then waiting for its acknowledgement.
     ASSERT_TRUE(WaitFor([&] {
@@ -363,8 +367,8 @@ TEST_F(CollectorLinkTest, StuckStreamIsReplacedAfterAckTimeout) {
   EXPECT_EQ(s.buffered_batches, 1u);
 }
 
-// A link fed as the router feeds it: each cut becomes batches with its own seqs, the
-// rank exits in the last one; the link state says since when it is connected.
+// Each cut becomes batches with their own seqs, the rank exits and released jobs in the last one;
+// the link state says since when it is connected.
 TEST_F(CollectorLinkTest, FedLinkNumbersEnqueuedCutsAndReportsItsState) {
   FakeCollector collector;
   const int port = collector.Start(0, {});
@@ -372,7 +376,7 @@ TEST_F(CollectorLinkTest, FedLinkNumbersEnqueuedCutsAndReportsItsState) {
   CollectorLinkOptions o = Options(port);
   o.max_events_per_batch = 2;
   const absl::Duration start = clock_.MonotonicNow();
-  CollectorLink link(o, nullptr, nullptr);
+  CollectorLink link(o);
   EXPECT_FALSE(link.link_state().connected);
   ASSERT_OK(link.Start());
   EXPECT_EQ(link.link_state().since, start);
@@ -381,14 +385,13 @@ TEST_F(CollectorLinkTest, FedLinkNumbersEnqueuedCutsAndReportsItsState) {
   EXPECT_GE(connected_at, start);
   // A link has no schedule of its own: nothing waits.
   EXPECT_EQ(clock_.next_deadline(), absl::InfiniteFuture());
-  CutContents cut;
+  CutContents cut = Cut(Steps(0, 3));
   cut.created_unix_nanos = 42;
-  cut.node.set_node("node-a");
-  for (int i = 0; i < 3; ++i) cut.steps.push_back(Step(i));
   cut.gpus.resize(1);
   v1::RankExit exit;
   exit.set_job("job");
   cut.rank_exits.push_back(exit);
+  cut.released_jobs.push_back("moved-job");
   link.Enqueue(std::move(cut));
   ASSERT_TRUE(AdvanceUntil([&] { return link.stats().batches_acknowledged_total == 2; }));
   const auto batches = collector.batches();
@@ -400,24 +403,14 @@ TEST_F(CollectorLinkTest, FedLinkNumbersEnqueuedCutsAndReportsItsState) {
   EXPECT_EQ(batches[1].gpus_size(), 0);
   EXPECT_EQ(batches[0].rank_exits_size(), 0);
   EXPECT_EQ(batches[1].rank_exits_size(), 1);
+  EXPECT_EQ(batches[0].released_jobs_size(), 0);
+  ASSERT_EQ(batches[1].released_jobs_size(), 1);
+  EXPECT_EQ(batches[1].released_jobs(0), "moved-job");
   EXPECT_EQ(batches[1].node().node(), "node-a");
   EXPECT_EQ(collector.unique_steps().size(), 3u);
   collector.Shutdown();
   ASSERT_TRUE(WaitFor([&] { return !link.link_state().connected; }));
   EXPECT_GE(link.link_state().since, connected_at);
-}
-
-TEST_F(CollectorLinkTest, PendingEventsAreBounded) {
-  CollectorLinkOptions o = Options(UnusedPort());
-  o.max_pending_events = 5;
-  CollectorLink link(o, nullptr, nullptr);
-  ASSERT_OK(link.Start());
-  for (int i = 0; i < 8; ++i) link.AddStep(Step(i));
-  EXPECT_EQ(link.stats().pending_events, 5u);
-  EXPECT_EQ(link.stats().events_dropped_total, 3u);
-  link.FlushNow();
-  EXPECT_EQ(link.stats().pending_events, 0u);
-  EXPECT_EQ(link.stats().events_shipped_total, 5u);
 }
 
 TEST_F(CollectorLinkTest, LargeIntervalsAreSplitIntoSeveralBatches) {
@@ -426,10 +419,9 @@ TEST_F(CollectorLinkTest, LargeIntervalsAreSplitIntoSeveralBatches) {
   CollectorLinkOptions o = Options(port);
   o.max_events_per_batch = 4;
   FakeGpus gpus;
-  CollectorLink link(o, &gpus, nullptr);
+  CollectorLink link(o);
   ASSERT_OK(link.Start());
-  for (int i = 0; i < 10; ++i) link.AddStep(Step(i));
-  link.FlushNow();
+  link.Enqueue(Cut(Steps(0, 10), &gpus));
   ASSERT_TRUE(AdvanceUntil([&] { return collector.batches().size() == 3; }));
   const auto batches = collector.batches();
   EXPECT_EQ(batches[0].steps_size(), 4);
@@ -440,52 +432,14 @@ TEST_F(CollectorLinkTest, LargeIntervalsAreSplitIntoSeveralBatches) {
   EXPECT_EQ(collector.unique_steps().size(), 10u);
 }
 
-TEST_F(CollectorLinkTest, ExitedSenderIsReportedOnceAfterItsSteps) {
+// Stop waits for what was queued; the acknowledgement ends the flush: no time passes.
+TEST_F(CollectorLinkTest, StopFlushesQueuedBatches) {
   FakeCollector collector;
   const int port = collector.Start(0, {});
-  CollectorLinkOptions o = Options(port);
-  o.max_events_per_batch = 2;
-  CollectorLink link(o, nullptr, nullptr);
-  ASSERT_OK(link.Start());
-  const pid_t dead = ::fork();
-  if (dead == 0) ::_exit(0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(dead, &status, 0), dead);
-  for (int i = 0; i < 3; ++i) {
-    v1::StepEvent e = Step(i);
-    e.set_pid(dead);
-    link.AddStep(std::move(e));
-  }
-  v1::StepEvent alive = Step(0);
-  alive.set_rank(1);
-  alive.set_world_size(2);
-  alive.set_pid(::getpid());
-  link.AddStep(std::move(alive));
-  link.FlushNow();
-  link.FlushNow();
-  ASSERT_TRUE(AdvanceUntil([&] { return link.stats().batches_acknowledged_total == 3; }));
-  const auto batches = collector.batches();
-  ASSERT_EQ(batches.size(), 3u);
-  EXPECT_EQ(batches[0].steps_size(), 2);
-  EXPECT_EQ(batches[0].rank_exits_size(), 0);
-  // The exit rides in the last batch of its cut, after the steps the process sent.
-  EXPECT_EQ(batches[1].steps_size(), 2);
-  ASSERT_EQ(batches[1].rank_exits_size(), 1);
-  EXPECT_EQ(batches[1].rank_exits(0).job(), "job");
-  EXPECT_EQ(batches[1].rank_exits(0).rank(), 0);
-  EXPECT_EQ(batches[1].rank_exits(0).pid(), dead);
-  EXPECT_EQ(batches[2].rank_exits_size(), 0);  // once
-  EXPECT_EQ(link.stats().rank_exits_total, 1u);
-}
-
-// The acknowledgement ends the flush: no time passes.
-TEST_F(CollectorLinkTest, StopFlushesPendingEvents) {
-  FakeCollector collector;
-  const int port = collector.Start(0, {});
-  CollectorLink link(Options(port), nullptr, nullptr);
+  CollectorLink link(Options(port));
   ASSERT_OK(link.Start());
   ASSERT_TRUE(AdvanceUntil([&] { return link.stats().connected; }));
-  link.AddStep(Step(42));
+  link.Enqueue(Cut(Steps(42, 1)));
   const absl::Time start = clock_.TimeNow();
   link.Stop(absl::Seconds(5));
   EXPECT_EQ(clock_.TimeNow(), start);
@@ -513,9 +467,9 @@ bool StopsWithin(
 
 // Without a collector there is nothing to wait for: Stop returns without the time moving.
 TEST_F(CollectorLinkTest, StopIsBoundedWithoutCollector) {
-  CollectorLink link(Options(UnusedPort()), nullptr, nullptr);
+  CollectorLink link(Options(UnusedPort()));
   ASSERT_OK(link.Start());
-  link.AddStep(Step(1));
+  link.Enqueue(Cut(Steps(1, 1)));
   const absl::Time start = clock_.TimeNow();
   EXPECT_TRUE(StopsWithin(&link, absl::Seconds(30), &clock_));
   EXPECT_EQ(clock_.TimeNow(), start);
@@ -527,15 +481,15 @@ TEST_F(CollectorLinkTest, StopWaitsForTheFlushTimeoutWhenNothingIsAcknowledged) 
   FakeCollector collector;
   const int port = collector.Start(0, {/*ack=*/false});
   ASSERT_GT(port, 0);
-  CollectorLink link(Options(port), nullptr, nullptr);
+  CollectorLink link(Options(port));
   ASSERT_OK(link.Start());
   ASSERT_TRUE(AdvanceUntil([&] { return link.stats().connected; }));
-  link.AddStep(Step(7));
+  link.Enqueue(Cut(Steps(7, 1)));
   const absl::Time start = clock_.TimeNow();
   const absl::Duration flush_timeout = absl::Seconds(2);
   bool held_until_timeout = false;
   EXPECT_TRUE(StopsWithin(&link, flush_timeout, &clock_, [&](const std::atomic<bool>& done) {
-    // Stop cuts the last batch, the stream writes it, and Stop waits for its acknowledgement.
+    // The stream writes the queued batch, and Stop waits for its acknowledgement.
     if (!WaitFor([&] {
           return collector.batches().size() == 1 && clock_.next_deadline() == start + flush_timeout;
         })) {
@@ -556,10 +510,10 @@ TEST_F(CollectorLinkTest, StopWaitsForTheFlushTimeoutWhenNothingIsAcknowledged) 
 TEST_F(CollectorLinkTest, RejectsBadOptions) {
   CollectorLinkOptions o = Options(1);
   o.agent_id.clear();
-  EXPECT_FALSE(CollectorLink(o, nullptr, nullptr).Start().ok());
+  EXPECT_FALSE(CollectorLink(o).Start().ok());
   o = Options(1);
   o.max_buffered_batches = 0;
-  EXPECT_FALSE(CollectorLink(o, nullptr, nullptr).Start().ok());
+  EXPECT_FALSE(CollectorLink(o).Start().ok());
 }
 
 // A spooled link that dies before the collector acknowledges anything: the next one, on the
@@ -578,14 +532,10 @@ TEST_F(CollectorLinkTest, SpooledBatchesOutliveTheLinkAndKeepTheirIds) {
     ASSERT_OK(spool);
     CollectorLinkOptions o = Options(port);
     o.spool = spool->get();
-    CollectorLink link(o, nullptr, nullptr);
+    CollectorLink link(o);
     ASSERT_OK(link.Start());
     boot_id = link.boot_id();
-    for (int64_t step = 0; step < 6; step += 2) {
-      link.AddStep(Step(step));
-      link.AddStep(Step(step + 1));
-      link.FlushNow();
-    }
+    for (int64_t step = 0; step < 6; step += 2) link.Enqueue(Cut(Steps(step, 2)));
     EXPECT_EQ((*spool)->stats().batches, 3u);
     link.Stop(absl::ZeroDuration());
   }
@@ -596,11 +546,10 @@ TEST_F(CollectorLinkTest, SpooledBatchesOutliveTheLinkAndKeepTheirIds) {
   CollectorLinkOptions o = Options(port);
   o.spool = spool->get();
   o.boot_id = "ignored-with-a-spool";
-  CollectorLink link(o, nullptr, nullptr);
+  CollectorLink link(o);
   EXPECT_EQ(link.boot_id(), boot_id);
   ASSERT_OK(link.Start());
-  link.AddStep(Step(6));
-  link.FlushNow();
+  link.Enqueue(Cut(Steps(6, 1)));
   ASSERT_TRUE(AdvanceUntil([&] { return link.stats().buffered_batches == 0; }));
   EXPECT_EQ((*spool)->stats().batches, 0u);
   EXPECT_EQ((*spool)->stats().replayed_batches_total, 3u);
@@ -621,8 +570,6 @@ TEST_F(CollectorLinkTest, SpooledBatchesOutliveTheLinkAndKeepTheirIds) {
   std::filesystem::remove_all(dir);
 }
 
-// The spool holds what the buffer holds: beyond the byte bound the oldest batches leave both,
-// counted, and the next process replays only the newest.
 // A batch the spool cannot take (a full disk; here a directory squats on its temporary file) is
 // held in memory, counted as at risk, and written on a later cut once the spool takes it again.
 TEST_F(CollectorLinkTest, BatchesTheSpoolRefusedAreHeldCountedAndSpooledLater) {
@@ -641,11 +588,9 @@ TEST_F(CollectorLinkTest, BatchesTheSpoolRefusedAreHeldCountedAndSpooledLater) {
     { std::ofstream keep(squat + "/x"); }
     CollectorLinkOptions o = Options(port);
     o.spool = spool->get();
-    CollectorLink link(o, nullptr, nullptr);
+    CollectorLink link(o);
     ASSERT_OK(link.Start());
-    link.AddStep(Step(1));
-    link.AddStep(Step(2));
-    link.FlushNow();
+    link.Enqueue(Cut(Steps(1, 2)));
     CollectorLinkStats s = link.stats();
     EXPECT_EQ(s.unspooled_batches, 1u);
     EXPECT_EQ(s.unspooled_events, 2u);
@@ -653,8 +598,7 @@ TEST_F(CollectorLinkTest, BatchesTheSpoolRefusedAreHeldCountedAndSpooledLater) {
     EXPECT_EQ(s.spool->batches, 0u);
     EXPECT_GT(s.spool->write_errors_total, 0u);
     std::filesystem::remove_all(squat);
-    link.AddStep(Step(3));
-    link.FlushNow();
+    link.Enqueue(Cut(Steps(3, 1)));
     s = link.stats();
     EXPECT_EQ(s.unspooled_batches, 0u);
     EXPECT_EQ(s.unspooled_events, 0u);
@@ -673,6 +617,8 @@ TEST_F(CollectorLinkTest, BatchesTheSpoolRefusedAreHeldCountedAndSpooledLater) {
   std::filesystem::remove_all(dir);
 }
 
+// The spool holds what the buffer holds: beyond the byte bound the oldest batches leave both,
+// counted, and the next process replays only the newest.
 TEST_F(CollectorLinkTest, FullSpoolDropsOldestFirstAndCountsThem) {
   const std::string dir = testing::MakeTempDir();
   ASSERT_FALSE(dir.empty());
@@ -687,12 +633,9 @@ TEST_F(CollectorLinkTest, FullSpoolDropsOldestFirstAndCountsThem) {
     CollectorLinkOptions o = Options(port);
     o.spool = spool->get();
     o.max_buffered_bytes = 2000;
-    CollectorLink link(o, nullptr, nullptr);
+    CollectorLink link(o);
     ASSERT_OK(link.Start());
-    for (int b = 0; b < 10; ++b) {
-      for (int i = 0; i < 20; ++i) link.AddStep(Step(b * 100 + i));
-      link.FlushNow();
-    }
+    for (int b = 0; b < 10; ++b) link.Enqueue(Cut(Steps(b * 100, 20)));
     const CollectorLinkStats s = link.stats();
     ASSERT_TRUE(s.spool.has_value());
     EXPECT_GT(s.batches_dropped_total, 0u);

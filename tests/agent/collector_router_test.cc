@@ -1,5 +1,6 @@
 #include "agent/collector_router.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,6 +13,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "agent/node_reading.h"
 #include "common/clock.h"
 #include "common/collectors.h"
 #include "gtest/gtest.h"
@@ -544,6 +546,89 @@ TEST_F(CollectorRouterTest, StepsWaitWhileNoCollectorResolved) {
   ASSERT_TRUE(WaitFor([&] { return router.collectors().size() == 1; }));
   router.FlushNow();
   ASSERT_TRUE(AdvanceUntil([&] { return collectors_[0]->unique_steps().size() == 1; }));
+  router.Stop(absl::ZeroDuration());
+}
+
+// A sender process that exited is reported once, in the last batch of the cut that carries the
+// steps it sent before, and counted.
+TEST_F(CollectorRouterTest, ExitedSenderIsReportedOnceAfterItsSteps) {
+  StartCollectors(1);
+  resolver_.Set(addresses_);
+  CollectorRouterOptions o = Options(1);
+  o.link.max_events_per_batch = 2;
+  CollectorRouter router(o, nullptr, nullptr);
+  ASSERT_OK(router.Start());
+  ASSERT_TRUE(AdvanceUntil([&] { return AllConnected(router, 1); }));
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(dead, &status, 0), dead);
+  for (int64_t i = 0; i < 3; ++i) {
+    v1::StepEvent e = JobStep("job", i);
+    e.set_pid(dead);
+    router.AddStep(std::move(e));
+  }
+  v1::StepEvent alive = JobStep("job", 0);
+  alive.set_rank(1);
+  alive.set_world_size(2);
+  alive.set_pid(::getpid());
+  router.AddStep(std::move(alive));
+  router.FlushNow();
+  router.FlushNow();
+  ASSERT_TRUE(AdvanceUntil([&] { return router.stats().total.batches_acknowledged_total == 3; }));
+  const auto batches = collectors_[0]->batches();
+  ASSERT_EQ(batches.size(), 3u);
+  EXPECT_EQ(batches[0].steps_size(), 2);
+  EXPECT_EQ(batches[0].rank_exits_size(), 0);
+  // The exit rides in the last batch of its cut, after the steps the process sent.
+  EXPECT_EQ(batches[1].steps_size(), 2);
+  ASSERT_EQ(batches[1].rank_exits_size(), 1);
+  EXPECT_EQ(batches[1].rank_exits(0).job(), "job");
+  EXPECT_EQ(batches[1].rank_exits(0).rank(), 0);
+  EXPECT_EQ(batches[1].rank_exits(0).pid(), dead);
+  EXPECT_EQ(batches[2].rank_exits_size(), 0);  // once
+  EXPECT_EQ(router.stats().total.rank_exits_total, 1u);
+  router.Stop(absl::ZeroDuration());
+}
+
+// Beyond max_pending_events the steps waiting for the next cut are dropped and counted; the cut
+// takes the rest.
+TEST_F(CollectorRouterTest, PendingStepsAreBounded) {
+  resolver_.Set({Address(UnusedPort())});
+  CollectorRouterOptions o = Options(1);
+  o.link.max_pending_events = 5;
+  CollectorRouter router(o, nullptr, nullptr);
+  ASSERT_OK(router.Start());
+  ASSERT_EQ(router.collectors().size(), 1u);
+  for (int64_t i = 0; i < 8; ++i) router.AddStep(JobStep("job-p", i));
+  EXPECT_EQ(router.stats().total.pending_events, 5u);
+  EXPECT_EQ(router.stats().total.events_dropped_total, 3u);
+  router.FlushNow();
+  EXPECT_EQ(router.stats().total.pending_events, 0u);
+  EXPECT_EQ(router.stats().total.events_shipped_total, 5u);
+  router.Stop(absl::ZeroDuration());
+}
+
+// The node as the last cut read it is kept for the agent's own /metrics.
+TEST_F(CollectorRouterTest, KeepsTheLatestReadingsForMetrics) {
+  resolver_.Set({Address(UnusedPort())});
+  FakeGpus gpus;
+  FakeHost host;
+  CollectorRouter router(Options(1), &gpus, &host);
+  ASSERT_OK(router.Start());
+  const NodeReading before = router.LatestSamples();
+  EXPECT_EQ(before.node.node(), kNode);
+  EXPECT_TRUE(before.gpus.empty());
+  EXPECT_FALSE(before.host.has_value());
+  router.FlushNow();
+  const NodeReading latest = router.LatestSamples();
+  EXPECT_EQ(latest.node.node(), kNode);
+  EXPECT_TRUE(latest.node.nvml_available());
+  EXPECT_EQ(latest.node.gpu_count(), 2);
+  ASSERT_EQ(latest.gpus.size(), 2u);
+  EXPECT_DOUBLE_EQ(latest.gpus[1].utilization_gpu_ratio(), 0.75);
+  ASSERT_TRUE(latest.host.has_value());
+  EXPECT_EQ(latest.host->cpu_count(), 16u);
   router.Stop(absl::ZeroDuration());
 }
 

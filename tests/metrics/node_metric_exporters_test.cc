@@ -104,7 +104,7 @@ std::vector<MetricFamily> AgentFamilies() {
   agent::AgentMetricsSources sources;
   sources.node = kNode;
   sources.samples = [] {
-    agent::NodeSnapshot n;
+    agent::NodeReading n;
     n.node.set_nvml_available(true);
     n.node.set_gpu_count(2);
     n.gpus = Gpus();
