@@ -356,6 +356,8 @@ absl::StatusOr<collector::CollectorStateOptions> StateOptionsFromFlags(
   st.reports.running_save_interval_nanos =
       SecondsToNanos(std::max(0.0, absl::GetFlag(FLAGS_running_report_save_interval)));
   st.reports.max_findings_per_report = absl::GetFlag(FLAGS_max_report_findings);
+  // Timelines are sampled at ticks: at first at every one.
+  st.reports.timeline.initial_sample_interval_nanos = SecondsToNanos(absl::GetFlag(FLAGS_tick));
   return st;
 }
 

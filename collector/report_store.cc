@@ -53,6 +53,11 @@ void Refresh(const analysis::Finding& f, const FindingAttribution& attribute, v1
   *entry->mutable_evidence() = fresh.evidence();
 }
 
+// Memory a report's timeline holds (reflection: measured once per finished report).
+int64_t TimelineBytes(const v1::JobReport& r) {
+  return r.has_timeline() ? static_cast<int64_t>(r.timeline().SpaceUsedLong()) : 0;
+}
+
 }  // namespace
 
 ReportStore::ReportStore(ReportStoreOptions options) : options_(std::move(options)) {}
@@ -143,6 +148,7 @@ absl::Status ReportStore::Load(int64_t now) {
       continue;
     }
     const std::string job = report.job();
+    finished_timeline_bytes_[job] = TimelineBytes(report);
     finished_[job] = std::move(report);
     ++loaded;
   }
@@ -200,6 +206,9 @@ void ReportStore::LoadRunning(int64_t now) {
     gap->set_before_step(-1);
     gap->set_from_unix_nanos(report.updated_unix_nanos());
     gap->set_cause("collector_restart");
+    // The timeline goes on from its last column (the steps of the gap fall in the next one).
+    t.timeline = JobTimeline::FromProto(report.timeline(), options_.timeline);
+    report.clear_timeline();
     t.report = std::move(report);
     running_[job] = std::move(t);
     ++recovered;
@@ -217,6 +226,7 @@ void ReportStore::Observe(const analysis::JobSnapshot& job,
   auto it = running_.find(job.job);
   if (it == running_.end()) {
     it = running_.emplace(job.job, Tracked{}).first;
+    it->second.timeline = JobTimeline(options_.timeline);
     v1::JobReport& r = it->second.report;
     r.set_job(job.job);
     r.set_state("running");
@@ -248,10 +258,72 @@ void ReportStore::Finish(const analysis::JobSnapshot& job,
   t.report.set_end_reason(std::string(reason));
   t.report.set_end_unix_nanos(now);
   t.report.set_updated_unix_nanos(now);
+  // Its last steps ran when it was last seen (an expired job was silent since).
+  EndTimeline(&t, job.last_seen_unix_nanos > 0 ? std::min(job.last_seen_unix_nanos, now) : now);
   v1::JobReport report = std::move(t.report);
   running_.erase(it);
   running_to_delete_.insert(job.job);
   KeepFinished(std::move(report));
+}
+
+void ReportStore::EndTimeline(Tracked* t, int64_t last_seen) {
+  if (t->timeline.empty()) return;
+  t->timeline.Close(t->report.last_step(), last_seen);
+  t->timeline.ToProto(t->report.mutable_timeline());
+  t->timeline = JobTimeline(options_.timeline);
+}
+
+v1::JobReport ReportStore::WithTimeline(const Tracked& t) const {
+  v1::JobReport r = t.report;
+  if (!t.timeline.empty()) t.timeline.ToProto(r.mutable_timeline());
+  return r;
+}
+
+void ReportStore::SampleTimelines(const PublishedView& view, int64_t now, int64_t room) {
+  if (!options_.timeline.enabled) return;
+  struct Due {
+    const analysis::JobSnapshot* job;
+    const std::vector<analysis::RankSnapshot>* ranks;
+    int max_rank_rows;
+    TimelineSample sample;
+  };
+  std::vector<Due> due;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const analysis::JobSnapshot& job : view.snapshot.jobs) {
+      auto t = running_.find(job.job);
+      auto rows = view.ranks.find(job.job);
+      if (t == running_.end() || rows == view.ranks.end() || rows->second == nullptr) continue;
+      if (!t->second.timeline.Due(job.last_step, now)) continue;
+      due.push_back({&job, rows->second.get(), t->second.timeline.options().max_rank_rows, {}});
+    }
+  }
+  // The pass over every rank of each job, outside the lock: Finish (under the collector's ingest
+  // mutex) never waits for it.
+  for (Due& d : due) {
+    d.sample = MakeTimelineSample(*d.job, *d.ranks, view.snapshot.nodes, d.max_rank_rows, now);
+  }
+  absl::MutexLock lock(&mu_);
+  for (const Due& d : due) {
+    auto t = running_.find(d.job->job);
+    // Finished or moved away meanwhile, or sampled by another caller.
+    if (t == running_.end() || !t->second.timeline.Due(d.sample.last_step, now)) continue;
+    JobTimeline& timeline = t->second.timeline;
+    const int64_t growth = timeline.BytesWith(d.sample) - timeline.bytes();
+    if (growth > room) {
+      uint64_t suppressed = 0;
+      if (timeline_log_limiter_.Allow(&suppressed)) {
+        SW_LOG_WARNING << "memory budget reached: job " << d.job->job << "'s timeline not "
+                       << (timeline.empty() ? "started" : "sampled") << " (" << growth
+                       << " bytes more; --max-memory-mib)"
+                       << (suppressed > 0 ? absl::StrCat(", ", suppressed, " more not logged")
+                                          : std::string());
+      }
+      continue;
+    }
+    room -= std::max<int64_t>(0, growth);
+    timeline.Add(d.sample, t->second.report.first_step(), t->second.report.start_unix_nanos());
+  }
 }
 
 void ReportStore::Forget(absl::string_view job) {
@@ -364,6 +436,7 @@ void ReportStore::CloseAll(Tracked* t, int64_t now) {
 
 void ReportStore::KeepFinished(v1::JobReport report) {
   const std::string job = report.job();
+  finished_timeline_bytes_[job] = TimelineBytes(report);
   finished_[job] = std::move(report);
   to_delete_.erase(job);
   to_write_.insert(job);
@@ -380,6 +453,7 @@ void ReportStore::KeepFinished(v1::JobReport report) {
 
 void ReportStore::DropFinished(const std::string& job) {
   finished_.erase(job);
+  finished_timeline_bytes_.erase(job);
   to_write_.erase(job);
   to_delete_.insert(job);
 }
@@ -394,6 +468,7 @@ void ReportStore::Prune(int64_t now) {
     SW_LOG_INFO << "job " << job << " has not reported since the collector restarted: its report "
                 << "is finished as expired";
     auto it = running_.find(job);
+    EndTimeline(&it->second, it->second.report.updated_unix_nanos());
     v1::JobReport report = std::move(it->second.report);
     running_.erase(it);
     report.set_state("finished");
@@ -428,7 +503,8 @@ int ReportStore::FlushAt(int64_t now, bool force) {
   struct Write {
     std::string job;
     std::string path;
-    std::string json;
+    // Copied under the lock, turned into JSON outside it (a large job's timeline takes long).
+    v1::JobReport report;
     bool running = false;
     int64_t updated = 0;
     bool ok = false;
@@ -437,14 +513,9 @@ int ReportStore::FlushAt(int64_t now, bool force) {
   std::vector<std::pair<std::string, bool>> deletes;  // job, running
   {
     absl::MutexLock lock(&mu_);
-    google::protobuf::util::JsonPrintOptions print;
-    print.preserve_proto_field_names = true;
     for (const std::string& job : to_write_) {
-      std::string json;
-      if (google::protobuf::util::MessageToJsonString(finished_.at(job), &json, print).ok()) {
-        writes.push_back({job, PathOf(job), std::move(json)});
-        in_flight_.insert(job);
-      }
+      writes.push_back({job, PathOf(job), finished_.at(job)});
+      in_flight_.insert(job);
     }
     to_write_.clear();
     if (save_running) {
@@ -464,12 +535,9 @@ int ReportStore::FlushAt(int64_t now, bool force) {
       std::partial_sort(due.begin(), due.begin() + cap, due.end());
       for (size_t i = 0; i < cap; ++i) {
         const std::string& job = *due[i].second;
-        const v1::JobReport& report = running_.at(job).report;
-        std::string json;
-        if (google::protobuf::util::MessageToJsonString(report, &json, print).ok()) {
-          writes.push_back(
-              {job, RunningPathOf(job), std::move(json), true, report.updated_unix_nanos()});
-        }
+        v1::JobReport report = WithTimeline(running_.at(job));
+        const int64_t updated = report.updated_unix_nanos();
+        writes.push_back({job, RunningPathOf(job), std::move(report), true, updated});
       }
     }
     for (const std::string& job : to_delete_) deletes.emplace_back(job, false);
@@ -481,8 +549,17 @@ int ReportStore::FlushAt(int64_t now, bool force) {
   }
   int failures = 0;
   absl::Status first_error;
+  google::protobuf::util::JsonPrintOptions print;
+  print.preserve_proto_field_names = true;
   for (Write& w : writes) {
-    absl::Status st = WriteFileAtomically(w.path, w.json);
+    std::string json;
+    const auto converted = google::protobuf::util::MessageToJsonString(w.report, &json, print);
+    w.report.Clear();
+    absl::Status st =
+        converted.ok()
+            ? WriteFileAtomically(w.path, json)
+            : absl::InternalError(absl::StrCat("cannot write the report of ", w.job,
+                                               " as JSON: ", std::string(converted.message())));
     w.ok = st.ok();
     if (!w.ok) {
       ++failures;
@@ -572,6 +649,17 @@ int64_t ReportStore::unsaved_bytes() const {
   return bytes;
 }
 
+int64_t ReportStore::timeline_bytes() const {
+  absl::MutexLock lock(&mu_);
+  int64_t bytes = 0;
+  for (const auto& [job, t] : running_) bytes += t.timeline.bytes();
+  // An unsaved report's timeline is part of unsaved_bytes() already.
+  for (const auto& [job, b] : finished_timeline_bytes_) {
+    if (!Unsaved(job)) bytes += b;
+  }
+  return bytes;
+}
+
 uint64_t ReportStore::save_errors() const {
   absl::MutexLock lock(&mu_);
   return save_errors_;
@@ -583,7 +671,7 @@ bool ReportStore::Unsaved(const std::string& job) const {
 
 absl::StatusOr<v1::JobReport> ReportStore::Get(absl::string_view job) const {
   absl::MutexLock lock(&mu_);
-  if (auto it = running_.find(job); it != running_.end()) return it->second.report;
+  if (auto it = running_.find(job); it != running_.end()) return WithTimeline(it->second);
   if (auto it = finished_.find(job); it != finished_.end()) {
     v1::JobReport r = it->second;
     r.set_unsaved(Unsaved(r.job()));

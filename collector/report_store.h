@@ -9,11 +9,18 @@
 // is retried with a backoff; the failures are counted and logged once per change (failing, saved
 // again).
 //
+// Each running job's report also records the job over time (JobReport.timeline, see
+// collector/job_timeline.h), sampled from the published view once per tick; a finished report
+// keeps it, and running reports carry it across a restart.
+//
 // Thread-safe. The collector feeds it under its own lock (Observe, Finish); file writes happen
-// later, in Flush, so that disk latency never holds up ingest.
+// later, in Flush, so that disk latency never holds up ingest; timeline samples are taken outside
+// that lock (SampleTimelines).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -26,7 +33,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "analysis/engine.h"
+#include "collector/job_timeline.h"
 #include "collector/pod_index.h"
+#include "collector/published_view.h"
+#include "common/log.h"
 #include "stepwatch/v1/stepwatch.pb.h"
 
 namespace stepwatch::collector {
@@ -51,6 +61,8 @@ struct ReportStoreOptions {
   // A running report loaded at start whose job reports nothing for this long is finished as
   // "expired" (the collector's --expire).
   int64_t recovered_expire_nanos = 300'000'000'000;
+  // Each running job's timeline: its bounds and first sample interval.
+  JobTimelineOptions timeline;
 };
 
 // What the collector knows of a job besides the engine's snapshot.
@@ -96,9 +108,21 @@ class ReportStore {
   // Writes everything now, running reports included, whatever the backoff (at shutdown).
   int Flush();
 
+  // Samples the timeline of every running job of `view` that is due (its last step advanced and
+  // its sample interval passed) from the view's rank rows and nodes. Called once per tick outside
+  // the collector's ingest mutex, with a view whose rank rows that tick rebuilt; the pass over
+  // each job's ranks runs outside this store's lock too. A sample whose new rows and nodes would
+  // take more than `room_bytes` (what the memory budget has left) is not taken (logged at a
+  // bounded rate): a new job has no timeline until there is room for it.
+  void SampleTimelines(const PublishedView& view, int64_t now_unix_nanos,
+                       int64_t room_bytes = std::numeric_limits<int64_t>::max());
+
   // Finished reports not yet written, and their bytes (charged against the memory budget).
   int unsaved_count() const;
   int64_t unsaved_bytes() const;
+  // Memory the timelines hold: the running jobs' and those of finished reports not counted by
+  // unsaved_bytes() (charged against the memory budget too).
+  int64_t timeline_bytes() const;
   // Writes and deletions that failed, in all.
   uint64_t save_errors() const;
 
@@ -125,6 +149,8 @@ class ReportStore {
     // report.updated_unix_nanos when it was last written (0: never), and when that was.
     int64_t saved_updated = 0;
     int64_t saved_at = 0;
+    // The job over time; copied into report.timeline when it is read, saved or finished.
+    JobTimeline timeline;
   };
 
   void Update(Tracked* t, const analysis::JobSnapshot& job,
@@ -135,6 +161,11 @@ class ReportStore {
   bool Append(Tracked* t, const v1::Finding& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseAll(Tracked* t, int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void KeepFinished(v1::JobReport report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A running report as read or saved: with its timeline.
+  v1::JobReport WithTimeline(const Tracked& t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves a running job's timeline into its report (the job ended): its last column extends to
+  // the report's last step, last seen at `last_seen`.
+  void EndTimeline(Tracked* t, int64_t last_seen) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropFinished(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string PathOf(absl::string_view job) const;
   std::string RunningPathOf(absl::string_view job) const;
@@ -148,6 +179,8 @@ class ReportStore {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Tracked> running_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, v1::JobReport> finished_ ABSL_GUARDED_BY(mu_);
+  // Memory each finished report's timeline holds (measured once, when it is kept).
+  absl::flat_hash_map<std::string, int64_t> finished_timeline_bytes_ ABSL_GUARDED_BY(mu_);
   // Jobs whose finished report must be written (or is being written), and files to delete.
   absl::flat_hash_set<std::string> to_write_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> in_flight_ ABSL_GUARDED_BY(mu_);
@@ -155,6 +188,7 @@ class ReportStore {
   // Running reports' files to delete (the job finished or moved away).
   absl::flat_hash_set<std::string> running_to_delete_ ABSL_GUARDED_BY(mu_);
   uint64_t save_errors_ ABSL_GUARDED_BY(mu_) = 0;
+  LogRateLimiter timeline_log_limiter_{3, std::chrono::minutes(1)};
   // One Flush at a time, so that a write and a deletion of one file keep their order.
   absl::Mutex flush_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   // Whether the last attempt failed, since when, and when to try again.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -108,12 +109,13 @@ void CollectorState::Tick() {
   reports_.Prune(now);
   // Outside mu_: disk latency must not hold up ingest.
   const int failures = reports_.Flush(now);
-  // Reports the disk did not take stay in memory: they count against the budget meanwhile.
-  const int64_t unsaved = reports_.unsaved_bytes();
+  // Reports the disk did not take stay in memory: they count against the budget meanwhile, as
+  // the jobs' timelines do.
+  const int64_t charged = reports_.unsaved_bytes() + reports_.timeline_bytes();
   absl::MutexLock lock(&mu_);
   counters_.state_save_errors += failures;
-  accounted_bytes_ += unsaved - reports_charged_bytes_;
-  reports_charged_bytes_ = unsaved;
+  accounted_bytes_ += charged - reports_charged_bytes_;
+  reports_charged_bytes_ = charged;
   SyncCounters();
 }
 
@@ -185,7 +187,19 @@ void CollectorState::AdvanceExpireAndPublish(int64_t now) {
   // Outside the ingest mutex.
   IndexView(view.get());
   PublishRankRows(view.get());
+  // Timelines sample rows just rebuilt (shared older rows would repeat a sample), after the view
+  // is out: readers need not wait for them.
+  const std::shared_ptr<const PublishedView> published = view;
   Publish(std::move(view));
+  if (published->rank_rows_rebuilt) {
+    // What the budget has left (timelines charged at the last tick included).
+    int64_t room = std::numeric_limits<int64_t>::max();
+    if (options_.max_memory_bytes > 0) {
+      absl::MutexLock lock(&counters_mu_);
+      room = std::max<int64_t>(0, options_.max_memory_bytes - live_accounted_bytes_);
+    }
+    reports_.SampleTimelines(*published, now, room);
+  }
 }
 
 bool CollectorState::ExpireJobs(const std::vector<analysis::JobSnapshot>& jobs,

@@ -295,7 +295,7 @@ class CollectorState {
   std::map<std::string, std::unique_ptr<LogRateLimiter>> limit_log_limiters_ ABSL_GUARDED_BY(mu_);
   const MemoryCosts costs_;
   int64_t accounted_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // The part of accounted_bytes_ that is unsaved job reports (updated at each Tick).
+  // The part of accounted_bytes_ that is unsaved job reports and timelines (updated at each Tick).
   int64_t reports_charged_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Counted by Snapshot(), which is const: scrapes only read the state otherwise.
   mutable std::atomic<uint64_t> rank_series_dropped_{0};

@@ -9,9 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace stepwatch::ctl {
 namespace {
@@ -353,30 +351,13 @@ std::string FormatEvidence(const v1::FindingEvidence& e) {
 }  // namespace
 
 WhatIfSummary SummarizeWhatIf(const v1::ExplainResponse& e) {
-  WhatIfSummary s;
-  // Each fix removes a share of the step (1 - 1/speedup); the shares are disjoint parts of the
-  // breakdown (imbalance, exposed comm, data), so they add up.
-  double removed = 0;
-  for (const auto& [key, speedup] : e.whatif_speedup_ratio()) {
-    if (!std::isfinite(speedup) || speedup < 1) continue;
-    s.best_speedup = std::max(s.best_speedup, speedup);
-    removed += 1 - 1 / speedup;
-    if (key == "overlap" && speedup > 1) s.combined_is_upper_bound = true;
-  }
-  // What remains is at least the compute share (when known), and never nothing.
-  double max_removed = 0.95;
-  if (auto it = e.time_ratio().find("compute"); it != e.time_ratio().end() && it->second > 0) {
-    max_removed = std::min(max_removed, 1 - it->second);
-  }
-  if (removed > max_removed) {
-    removed = max_removed;
-    s.combined_clamped = true;
-  }
-  s.combined_speedup = std::max(s.best_speedup, 1 / (1 - removed));
-  return s;
+  return SummarizeWhatIf(e.whatif_speedup_ratio(), e.time_ratio());
 }
 
-std::string FormatExplain(const v1::ExplainResponse& e, const ExplainFormatOptions& options) {
+namespace {
+
+// The job's line, efficiency and scaling efficiency.
+std::string FormatExplainHeader(const v1::ExplainResponse& e) {
   const v1::JobStatus& j = e.job();
   std::string out =
       absl::StrFormat("Job %s: %d ranks (%d reporting), last step %d, step time %s, %.2f steps/s",
@@ -392,6 +373,13 @@ std::string FormatExplain(const v1::ExplainResponse& e, const ExplainFormatOptio
                     FormatPercent(e.scaling_efficiency_ratio()), "\n");
   }
 
+  return out;
+}
+
+// The breakdown table; sets *known to whether the breakdown is known at all.
+std::string FormatBreakdown(const v1::ExplainResponse& e, const ExplainFormatOptions& options,
+                            bool* known) {
+  std::string out;
   out += "\nWhere the step time goes\n";
   std::vector<std::vector<std::string>> rows;
   // Unknown: absent, or (from collectors that fill it in regardless) all zero.
@@ -400,6 +388,7 @@ std::string FormatExplain(const v1::ExplainResponse& e, const ExplainFormatOptio
     if (std::isfinite(share) && share > 0) breakdown_sum += share;
   }
   const bool breakdown_known = breakdown_sum > 0;
+  *known = breakdown_known;
   for (const char* component : {"compute", "imbalance", "comm", "data", "other"}) {
     auto it = e.time_ratio().find(component);
     const double v = it == e.time_ratio().end() ? 0 : it->second;
@@ -414,8 +403,15 @@ std::string FormatExplain(const v1::ExplainResponse& e, const ExplainFormatOptio
         "and communication (see docs/clients.md)\n";
   }
 
-  out += "\nWhat if (largest speed-up first)\n";
-  out += FormatWhatIf(e, breakdown_known);
+  return out;
+}
+
+// The per-rank table (the flagged and slowest ranks beyond max_rank_rows); fills *shown with its
+// rows, in rank order.
+std::string FormatRanks(const v1::ExplainResponse& e, const ExplainFormatOptions& options,
+                        std::vector<const v1::RankRow*>* shown_out) {
+  std::string out;
+  std::vector<std::vector<std::string>> rows;
   std::vector<const v1::RankRow*> shown;
   if (!e.ranks().empty()) {
     for (const v1::RankRow& r : e.ranks()) shown.push_back(&r);
@@ -455,8 +451,12 @@ std::string FormatExplain(const v1::ExplainResponse& e, const ExplainFormatOptio
       absl::StrAppend(&out, "  ... ", hidden, " more ranks closer to the median not shown\n");
     }
   }
-  out += FormatSections(e, shown);
+  *shown_out = std::move(shown);
+  return out;
+}
 
+std::string FormatExplainFindings(const v1::ExplainResponse& e) {
+  std::string out;
   out += "\nFindings\n";
   if (e.findings().empty()) {
     out += "  none\n";
@@ -476,130 +476,19 @@ std::string FormatExplain(const v1::ExplainResponse& e, const ExplainFormatOptio
   return out;
 }
 
-namespace {
-
-// Proto3 JSON prints 64-bit integers as strings ("last_step": "120"); `report --json` prints
-// numbers, and so should every --json. This rewrites the printer's output, guided by the message's
-// descriptor, so that 64-bit integer fields (alone, repeated) are numbers; all else is copied.
-class Int64Unquoter {
- public:
-  explicit Int64Unquoter(const std::string& in) : in_(in) {}
-
-  std::string Run(const google::protobuf::Descriptor* top) {
-    Space();
-    if (Peek() == '{') Object(top);
-    out_.append(in_, pos_, std::string::npos);
-    return std::move(out_);
-  }
-
- private:
-  using Field = google::protobuf::FieldDescriptor;
-
-  static bool Is64BitInteger(const Field* f) {
-    switch (f->cpp_type()) {
-      case Field::CPPTYPE_INT64:
-      case Field::CPPTYPE_UINT64:
-        return true;
-      default:
-        return false;
-    }
-  }
-
-  char Peek() const { return pos_ < in_.size() ? in_[pos_] : '\0'; }
-  void Copy() { out_ += in_[pos_++]; }
-  void Space() {
-    while (pos_ < in_.size() &&
-           (in_[pos_] == ' ' || in_[pos_] == '\n' || in_[pos_] == '\t' || in_[pos_] == '\r')) {
-      Copy();
-    }
-  }
-  // A string token, quotes included, escapes kept.
-  std::string Token() {
-    const size_t start = pos_++;
-    while (pos_ < in_.size() && in_[pos_] != '"') pos_ += in_[pos_] == '\\' ? 2 : 1;
-    ++pos_;
-    return in_.substr(start, std::min(pos_, in_.size()) - start);
-  }
-  static bool IsInteger(const std::string& token) {
-    size_t i = 1 + (token.size() > 2 && token[1] == '-');
-    if (token.size() < 3 || i >= token.size() - 1) return false;
-    for (; i < token.size() - 1; ++i) {
-      if (token[i] < '0' || token[i] > '9') return false;
-    }
-    return true;
-  }
-
-  // One value of `field` (nullptr: unknown, copied); `element`: inside its array or map.
-  void Value(const Field* field, bool element) {
-    Space();
-    const char c = Peek();
-    if (c == '{') {
-      if (field != nullptr && field->is_map() && !element) {
-        Object(nullptr, field->message_type()->map_value());
-      } else {
-        Object(field != nullptr && field->message_type() != nullptr ? field->message_type()
-                                                                    : nullptr);
-      }
-    } else if (c == '[') {
-      Copy();
-      for (Space(); Peek() != ']' && pos_ < in_.size(); Space()) {
-        Value(field, true);
-        Space();
-        if (Peek() == ',') Copy();
-      }
-      if (pos_ < in_.size()) Copy();
-    } else if (c == '"') {
-      const std::string token = Token();
-      if (field != nullptr && Is64BitInteger(field) && !field->is_map() && IsInteger(token)) {
-        out_.append(token, 1, token.size() - 2);
-      } else {
-        out_ += token;
-      }
-    } else {
-      while (pos_ < in_.size() &&
-             std::string_view(",]} \n\t\r").find(Peek()) == std::string_view::npos) {
-        Copy();
-      }
-    }
-  }
-
-  // An object: a message's fields, or (every_value) a map's entries.
-  void Object(const google::protobuf::Descriptor* message, const Field* every_value = nullptr) {
-    Copy();  // {
-    for (Space(); Peek() != '}' && pos_ < in_.size(); Space()) {
-      const std::string key = Token();
-      out_ += key;
-      const Field* field = every_value;
-      if (field == nullptr && message != nullptr && key.size() >= 2) {
-        const std::string name = key.substr(1, key.size() - 2);
-        // preserve_proto_field_names: keys are the .proto names.
-        field = message->FindFieldByName(name);
-      }
-      Space();
-      if (Peek() == ':') Copy();
-      Value(field, every_value != nullptr);
-      Space();
-      if (Peek() == ',') Copy();
-    }
-    if (pos_ < in_.size()) Copy();  // }
-  }
-
-  const std::string& in_;
-  size_t pos_ = 0;
-  std::string out_;
-};
-
 }  // namespace
 
-absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.always_print_primitive_fields = true;
-  options.preserve_proto_field_names = true;
-  std::string out;
-  auto st = google::protobuf::util::MessageToJsonString(message, &out, options);
-  if (!st.ok()) return absl::InternalError(std::string(st.message()));
-  return Int64Unquoter(out).Run(message.GetDescriptor());
+std::string FormatExplain(const v1::ExplainResponse& e, const ExplainFormatOptions& options) {
+  std::string out = FormatExplainHeader(e);
+  bool breakdown_known = false;
+  out += FormatBreakdown(e, options, &breakdown_known);
+  out += "\nWhat if (largest speed-up first)\n";
+  out += FormatWhatIf(e, breakdown_known);
+  std::vector<const v1::RankRow*> shown;
+  out += FormatRanks(e, options, &shown);
+  out += FormatSections(e, shown);
+  out += FormatExplainFindings(e);
+  return out;
 }
 
 }  // namespace stepwatch::ctl

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "ctl/whatif_summary.h"
 #include "google/protobuf/message.h"
 #include "stepwatch/v1/stepwatch.pb.h"
 
@@ -45,20 +46,7 @@ struct ExplainFormatOptions {
 std::string FormatExplain(const v1::ExplainResponse& explain,
                           const ExplainFormatOptions& options = {});
 
-// The what-ifs taken together. Each fix removes a share of the step, 1 - 1/speedup; the shares are
-// disjoint (imbalance, exposed communication, data), so all fixed: 1 / (1 - sum of shares), limited
-// to what leaves the compute share (at least 5% of the step) in place.
-struct WhatIfSummary {
-  double best_speedup = 1;      // the best single fix
-  double combined_speedup = 1;  // all fixed
-  bool combined_clamped = false;
-  // The overlap what-if assumes every exposed communication second can hide behind compute.
-  bool combined_is_upper_bound = false;
-};
+// The what-ifs of `explain` taken together (ctl/whatif_summary.h).
 WhatIfSummary SummarizeWhatIf(const v1::ExplainResponse& explain);
-
-// Machine-readable form: proto3 JSON with the .proto field names and default values printed,
-// 64-bit integers as numbers (proto3 JSON quotes them), as report --json prints them.
-absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message);
 
 }  // namespace stepwatch::ctl

@@ -161,6 +161,78 @@ std::string FindingJson(const v1::Finding& f) {
   return out + "}";
 }
 
+// [1, null, 2]: the timeline's per-column values, null where the report has -1 (unknown).
+std::string SeriesList(const google::protobuf::RepeatedField<float>& values, int from, int count) {
+  std::string out = "[";
+  for (int i = from; i < from + count && i < values.size(); ++i) {
+    absl::StrAppend(&out, i == from ? "" : ", ", values[i] < 0 ? "null" : Number(values[i]));
+  }
+  return out + "]";
+}
+
+std::string TimelineColumnJson(const v1::TimelineColumn& c) {
+  return absl::StrCat(
+      "{\"first_step\": ", c.first_step(), ", \"last_step\": ", c.last_step(),
+      ", \"start_unix_nanos\": ", c.start_unix_nanos(),
+      ", \"end_unix_nanos\": ", c.end_unix_nanos(), ", \"samples\": ", c.samples(),
+      ", \"step_seconds\": ", c.step_seconds() > 0 ? Number(c.step_seconds()) : "null",
+      ", \"efficiency_ratio\": ", c.has_efficiency_ratio() ? Number(c.efficiency_ratio()) : "null",
+      ", \"breakdown\": ", RatioObject(c.time_ratio(), kComponents, std::size(kComponents)), "}");
+}
+
+// section_seconds as one list per section (the report's is section-major, flat).
+std::string RankSeriesJson(const v1::RankSeries& r, int columns, int sections) {
+  std::string flagged = "[";
+  for (int i = 0; i < r.flagged_size(); ++i) {
+    absl::StrAppend(&flagged, i == 0 ? "" : ", ", r.flagged(i) ? "true" : "false");
+  }
+  std::string per_section = "[";
+  if (r.section_seconds_size() == sections * columns) {
+    for (int s = 0; s < sections; ++s) {
+      absl::StrAppend(&per_section, s == 0 ? "" : ", ",
+                      SeriesList(r.section_seconds(), s * columns, columns));
+    }
+  }
+  return absl::StrCat("{\"rank\": ", r.rank(), ", \"node\": ", json::Quote(r.node()),
+                      ", \"gpu\": ", r.gpu(), ", \"pp_stage\": ", r.pp_stage(),
+                      ", \"busy_seconds\": ", SeriesList(r.busy_seconds(), 0, columns),
+                      ", \"flagged\": ", flagged, "], \"section_seconds\": ", per_section, "]}");
+}
+
+std::string NodeSeriesJson(const v1::NodeSeries& n, int columns) {
+  return absl::StrCat(
+      "{\"node\": ", json::Quote(n.node()), ", \"ranks\": ", n.ranks(),
+      ", \"busy_seconds\": ", SeriesList(n.busy_seconds(), 0, columns),
+      ", \"gpu_utilization_ratio\": ", SeriesList(n.gpu_utilization_ratio(), 0, columns),
+      ", \"sm_active_ratio\": ", SeriesList(n.sm_active_ratio(), 0, columns), "}");
+}
+
+// The report's timeline: one column, rank or node per line; null when the report has none.
+std::string TimelineJson(const v1::JobReport& r, const std::string& indent) {
+  if (!r.has_timeline()) return "null";
+  const v1::ReportTimeline& t = r.timeline();
+  const int columns = t.columns_size();
+  const int sections = t.section_names_size();
+  const std::string inner = indent + "  ";
+  // [\n item,\n item\n] at `inner` + 2.
+  auto list = [&inner](int n, const auto& item) {
+    std::string out = "[";
+    for (int i = 0; i < n; ++i) absl::StrAppend(&out, i == 0 ? "\n" : ",\n", inner, "  ", item(i));
+    return absl::StrCat(out, n == 0 ? "" : absl::StrCat("\n", inner), "]");
+  };
+  return absl::StrCat(
+      "{\n", inner, "\"samples\": ", t.samples(), ",\n", inner,
+      "\"sample_interval_nanos\": ", t.sample_interval_nanos(), ",\n", inner,
+      "\"ranks_omitted\": ", t.ranks_omitted(), ",\n", inner,
+      "\"section_names\": ", StringList(t.section_names()), ",\n", inner,
+      "\"columns\": ", list(columns, [&t](int i) { return TimelineColumnJson(t.columns(i)); }),
+      ",\n", inner, "\"ranks\": ",
+      list(t.ranks_size(), [&](int i) { return RankSeriesJson(t.ranks(i), columns, sections); }),
+      ",\n", inner, "\"nodes\": ",
+      list(t.nodes_size(), [&](int i) { return NodeSeriesJson(t.nodes(i), columns); }), "\n",
+      indent, "}");
+}
+
 // The members of a report; `indent` prefixes each line.
 std::string ReportMembers(const v1::JobReport& r, bool with_findings, const std::string& indent) {
   std::vector<std::pair<const char*, std::string>> m = {
@@ -202,6 +274,7 @@ std::string ReportMembers(const v1::JobReport& r, bool with_findings, const std:
     }
     absl::StrAppend(&list, r.findings().empty() ? "" : absl::StrCat("\n", indent), "]");
     m.emplace_back("findings", std::move(list));
+    m.emplace_back("timeline", TimelineJson(r, indent));
   }
   std::string out;
   for (size_t i = 0; i < m.size(); ++i) {

@@ -142,6 +142,7 @@ agents: node-0 metrics http://${agent_metrics[0]}/metrics (every node: $run_dir/
 Try in another terminal:
   $build/ctl/stepwatchctl --collector=$grpc explain $job   # where the step time goes, what to fix
   $build/ctl/stepwatchctl --collector=$grpc report $job    # the job's whole life, also after it ends
+  $build/ctl/stepwatchctl --collector=$grpc report $job --html -o $run_dir/report.html   # the same as a page with charts (open it in a browser)
   curl -s http://$metrics/metrics | grep '^stepwatch_job_'"
 echo "demo: $where, logs in $run_dir"
 start=$(date +%s)
@@ -161,3 +162,6 @@ echo "=== final ==="
 "${ctl[@]}" status || true
 "${ctl[@]}" findings || true
 "${ctl[@]}" explain "$job" || true
+if "${ctl[@]}" report "$job" --html -o "$run_dir/report.html"; then
+  echo "demo: the job's report as a page: $run_dir/report.html (${ctl[*]} report $job --html -o FILE)"
+fi

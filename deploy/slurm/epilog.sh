@@ -2,8 +2,9 @@
 # Slurm Epilog for stepwatch: runs as root on each node after the job ends. On the job's first
 # node it saves the collector's report of the job's whole life (every finding it had, with the
 # steps it started and cleared at, efficiency, time breakdown, what-ifs) to
-# ${STEPWATCH_REPORT_DIR}/<job>.txt and, for programs, <job>.json, so that users can read why their
-# job was slow after it ended. The collector keeps the report too (`stepwatchctl report JOB`, for
+# ${STEPWATCH_REPORT_DIR}/<job>.txt, for programs <job>.json, and <job>.html (one self-contained
+# page with the charts, docs/report.md), so that users can read why their job was slow after it
+# ended. The collector keeps the report too (`stepwatchctl report JOB`, for
 # --report-retention).
 # It reads the agent's configuration, the systemd unit's EnvironmentFile
 # (/etc/default/stepwatch-agent): the same collectors (STEPWATCH_COLLECTOR, every one: the job may
@@ -102,7 +103,7 @@ file="${report_dir}/$(printf '%s' "$job" | tr -c 'A-Za-z0-9._:-' '_')"
 json="${file}.json"
 # Says why there is no report, in the logs and next to where it would be; exits 0.
 fail() {
-  rm -f "$json" "${file}.txt"
+  rm -f "$json" "${file}.txt" "${file}.html"
   log err "no report saved for job ${shown} (collectors ${collector}): $1"
   printf 'stepwatch epilog: no report saved for job %s (collectors %s): %s\n' "$shown" \
     "$collector" "$1" >"${file}.error" 2>/dev/null || true
@@ -128,10 +129,20 @@ fi
 if ! error="$(timeout 10 "$ctl" "${ctl_args[@]}" report "$job" 2>&1 >"${file}.txt")"; then
   fail "$(printf '%s' "$error" | head -n 1 | cut -c1-400)"
 fi
+# The page (written to a temporary file and renamed: a reader never sees half of it). Without it
+# the text and JSON reports still stand: say why and go on.
+if ! error="$(timeout 10 "$ctl" "${ctl_args[@]}" report "$job" --html --output="${file}.html" 2>&1)"; then
+  rm -f "${file}.html"
+  log warning "no HTML report saved for job ${shown}: $(printf '%s' "$error" | head -n 1 | cut -c1-400)"
+fi
 rm -f "${file}.error"
+saved="${file}.txt and .json"
+if [ -s "${file}.html" ]; then
+  saved="${file}.txt, .json and .html"
+fi
 if grep -q '"state": "finished"' "$json"; then
-  log info "saved the report of job ${shown} to ${file}.txt and .json"
+  log info "saved the report of job ${shown} to ${saved}"
 else
-  log warning "saved the report of job ${shown} to ${file}.txt and .json before the collectors saw it end (STEPWATCH_REPORT_WAIT=${wait_s})"
+  log warning "saved the report of job ${shown} to ${saved} before the collectors saw it end (STEPWATCH_REPORT_WAIT=${wait_s})"
 fi
 exit 0

@@ -313,8 +313,9 @@ TEST(AdmissionTest, OtherFieldsOutOfBoundsRefuseTheirItemAndTheRestApplies) {
   ASSERT_EQ(s.jobs.size(), 1u);  // the steps were applied
   // What is kept is charged; nothing of the refused items.
   const MemoryCosts c = MemoryCostsFor({});
-  EXPECT_EQ(s.memory_accounted_bytes,
-            c.node + c.gpu + StringHeapBytes(fine->name()) + 2 * (c.rank_slot + c.rank) + c.job);
+  EXPECT_EQ(s.memory_accounted_bytes, c.node + c.gpu + StringHeapBytes(fine->name()) +
+                                          2 * (c.rank_slot + c.rank) + c.job +
+                                          state.reports().timeline_bytes());
 }
 
 TEST(AdmissionTest, KeptStringsAreChargedAndEveryChargeIsReturned) {

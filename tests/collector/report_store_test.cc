@@ -69,6 +69,33 @@ v1::JobReport MustGet(const ReportStore& store, const std::string& job) {
   return r.ok() ? *r : v1::JobReport();
 }
 
+// A view holding `job` at `last_step`: ranks 0..3 on node-0 (rank 2 slow and flagged), whose
+// GPUs read 75% utilization, as a tick publishes it.
+PublishedView TimelineView(const std::string& job, int64_t last_step) {
+  PublishedView view;
+  view.snapshot.jobs.push_back(Snap(job, last_step));
+  auto rows = std::make_shared<std::vector<analysis::RankSnapshot>>();
+  for (int rank = 0; rank < 4; ++rank) {
+    analysis::RankSnapshot& r = rows->emplace_back();
+    r.rank = rank;
+    r.node = "node-0";
+    r.gpu = rank;
+    r.busy_seconds = rank == 2 ? 0.14 : 0.1;
+    r.straggler = rank == 2;
+  }
+  view.ranks[job] = rows;
+  NodeView& node = view.snapshot.nodes.emplace_back();
+  node.node = "node-0";
+  node.gpus.emplace_back().set_utilization_gpu_ratio(0.75);
+  return view;
+}
+
+// The report of `job` as a tick leaves it at `last_step`, `at` seconds after kT0.
+void TickJob(ReportStore* store, const std::string& job, int64_t last_step, int at) {
+  store->Observe(Snap(job, last_step), {}, {0, kT0}, kT0 + at * kSecond);
+  store->SampleTimelines(TimelineView(job, last_step), kT0 + at * kSecond);
+}
+
 TEST(ReportStoreTest, KeepsEveryFindingWithTheStepsItStartedAndClearedAt) {
   ReportStore store({});
   store.Observe(Snap("j", 10), {Straggler("j", 3, 8, "first")}, {0, kT0}, kT0 + 10 * kSecond);
@@ -316,6 +343,123 @@ TEST(ReportStoreTest, FileNamesAreSafeAndDistinctForAnyJobName) {
   EXPECT_EQ(std::unique(files.begin(), files.end()), files.end());
 }
 
+TEST(ReportStoreTest, TimelineIsInGetNotInListAndStaysWithTheFinishedReport) {
+  ReportStore store({});
+  ASSERT_TRUE(store.Load(kT0).ok());
+  EXPECT_EQ(store.timeline_bytes(), 0);
+  TickJob(&store, "job", 10, 1);
+  TickJob(&store, "job", 20, 2);
+  TickJob(&store, "job", 20, 3);  // no step since: no sample
+  // A job of the view without a running report is left alone.
+  store.SampleTimelines(TimelineView("unknown", 5), kT0 + 3 * kSecond);
+  EXPECT_FALSE(store.Get("unknown").ok());
+
+  v1::JobReport r = MustGet(store, "job");
+  ASSERT_TRUE(r.has_timeline());
+  const v1::ReportTimeline& t = r.timeline();
+  ASSERT_EQ(t.columns_size(), 2);
+  EXPECT_EQ(t.samples(), 2);
+  EXPECT_EQ(t.columns(0).first_step(), 0);
+  EXPECT_EQ(t.columns(1).first_step(), 11);
+  EXPECT_EQ(t.columns(1).last_step(), 20);
+  ASSERT_EQ(t.ranks_size(), 4);
+  EXPECT_FLOAT_EQ(t.ranks(2).busy_seconds(1), 0.14f);
+  EXPECT_TRUE(t.ranks(2).flagged(1));
+  EXPECT_FALSE(t.ranks(1).flagged(1));
+  ASSERT_EQ(t.nodes_size(), 1);
+  EXPECT_EQ(t.nodes(0).ranks(), 4);
+  EXPECT_FLOAT_EQ(t.nodes(0).gpu_utilization_ratio(0), 0.75f);
+  const int64_t running_bytes = store.timeline_bytes();
+  EXPECT_GT(running_bytes, 0);
+
+  const std::vector<v1::JobReport> list = store.List();
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_FALSE(list[0].has_timeline());
+
+  // It ends a few steps after the last sample: the last column extends to them.
+  analysis::JobSnapshot last = Snap("job", 24);
+  last.last_seen_unix_nanos = kT0 + 4 * kSecond;
+  store.Finish(last, {}, {0, kT0}, "exited", kT0 + 5 * kSecond);
+  r = MustGet(store, "job");
+  EXPECT_EQ(r.state(), "finished");
+  ASSERT_EQ(r.timeline().columns_size(), 2);
+  EXPECT_EQ(r.timeline().columns(1).last_step(), 24);
+  EXPECT_EQ(r.timeline().columns(1).end_unix_nanos(), kT0 + 4 * kSecond);
+  EXPECT_EQ(r.timeline().ranks_size(), 4);
+  EXPECT_FALSE(store.List()[0].has_timeline());
+  // Still held, so still charged (no directory: nothing is unsaved).
+  EXPECT_GT(store.timeline_bytes(), 0);
+}
+
+TEST(ReportStoreTest, ATimelineStartsOnlyWithRoomInTheBudget) {
+  ReportStore store({});
+  ASSERT_TRUE(store.Load(kT0).ok());
+  store.Observe(Snap("job", 10), {}, {0, kT0}, kT0 + kSecond);
+  store.SampleTimelines(TimelineView("job", 10), kT0 + kSecond, /*room_bytes=*/1000);
+  EXPECT_FALSE(MustGet(store, "job").has_timeline());
+  EXPECT_EQ(store.timeline_bytes(), 0);
+  // Room again (the budget freed): it starts, within the room it was given.
+  store.SampleTimelines(TimelineView("job", 10), kT0 + kSecond, /*room_bytes=*/1 << 20);
+  EXPECT_TRUE(MustGet(store, "job").has_timeline());
+  EXPECT_GT(store.timeline_bytes(), 1000);
+  EXPECT_LE(store.timeline_bytes(), 1 << 20);
+  // Full: the steady timeline goes on (a sample takes no more room once its rows exist).
+  store.Observe(Snap("job", 20), {}, {0, kT0}, kT0 + 2 * kSecond);
+  store.SampleTimelines(TimelineView("job", 20), kT0 + 2 * kSecond, /*room_bytes=*/0);
+  EXPECT_EQ(MustGet(store, "job").timeline().columns_size(), 2);
+}
+
+TEST(ReportStoreTest, AJobThatMovesAwayDropsItsTimeline) {
+  ReportStore store({});
+  ASSERT_TRUE(store.Load(kT0).ok());
+  TickJob(&store, "job", 10, 1);
+  EXPECT_GT(store.timeline_bytes(), 0);
+  store.Forget("job");
+  EXPECT_EQ(store.timeline_bytes(), 0);
+  EXPECT_FALSE(store.Get("job").ok());
+}
+
+TEST(ReportStoreTest, RunningReportContinuesItsTimelineAfterARestart) {
+  ReportStoreOptions o;
+  o.dir = TempDir("timeline");
+  o.running_save_interval_nanos = kSecond;
+  v1::ReportTimeline saved;
+  {
+    ReportStore store(o);
+    ASSERT_TRUE(store.Load(kT0).ok());
+    for (int i = 1; i <= 3; ++i) TickJob(&store, "job", 10 * i, i);
+    EXPECT_EQ(store.Flush(kT0 + 3 * kSecond), 0);
+    saved = MustGet(store, "job").timeline();
+  }
+  ASSERT_EQ(saved.columns_size(), 3);
+  ReportStore store(o);
+  ASSERT_TRUE(store.Load(kT0 + 10 * kSecond).ok());
+  v1::JobReport r = MustGet(store, "job");
+  EXPECT_EQ(r.state(), "running");
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(r.timeline(), saved))
+      << r.timeline().DebugString();
+  // The same timeline goes on: the steps of the gap fall in its next column.
+  TickJob(&store, "job", 60, 11);
+  r = MustGet(store, "job");
+  ASSERT_EQ(r.timeline().columns_size(), 4);
+  EXPECT_EQ(r.timeline().samples(), 4);
+  EXPECT_EQ(r.timeline().columns(0).first_step(), 0);
+  EXPECT_EQ(r.timeline().columns(3).first_step(), 31);
+  EXPECT_EQ(r.timeline().columns(3).last_step(), 60);
+  EXPECT_FLOAT_EQ(r.timeline().ranks(2).busy_seconds(3), 0.14f);
+  store.Finish(Snap("job", 60), {}, {0, kT0}, "exited", kT0 + 12 * kSecond);
+  EXPECT_EQ(store.Flush(kT0 + 12 * kSecond), 0);
+
+  // The finished report's file holds it too.
+  ReportStore again(o);
+  ASSERT_TRUE(again.Load(kT0 + 20 * kSecond).ok());
+  r = MustGet(again, "job");
+  EXPECT_EQ(r.state(), "finished");
+  EXPECT_EQ(r.timeline().columns_size(), 4);
+  EXPECT_GT(again.timeline_bytes(), 0);
+  std::filesystem::remove_all(o.dir);
+}
+
 TEST(ReportStoreTest, WithoutADirectoryReportsLiveInMemory) {
   ReportStore store({});
   ASSERT_TRUE(store.Load(kT0).ok());
@@ -368,6 +512,23 @@ TEST(ReportStoreTest, CollectorKeepsTheReportOfAFinishedJob) {
   ASSERT_NE(straggler, r->findings().end()) << r->DebugString();
   EXPECT_LT(straggler->since_step(), 59);
   EXPECT_EQ(straggler->until_step(), 59);
+
+  // Its timeline: sampled at the ticks (every second of the 12 the job ran), rank 5 flagged
+  // and slower in the columns since it was found, the whole job covered.
+  ASSERT_TRUE(r->has_timeline());
+  const v1::ReportTimeline& t = r->timeline();
+  ASSERT_GE(t.columns_size(), 8);
+  EXPECT_EQ(t.columns(0).first_step(), 0);
+  EXPECT_EQ(t.columns(t.columns_size() - 1).last_step(), 59);
+  ASSERT_EQ(t.ranks_size(), 8);
+  const v1::RankSeries& slow = t.ranks(5);
+  EXPECT_TRUE(slow.flagged(t.columns_size() - 1));
+  for (int c = 0; c < t.columns_size(); ++c) {
+    if (t.columns(c).first_step() <= straggler->since_step()) continue;
+    EXPECT_TRUE(slow.flagged(c)) << c;
+    EXPECT_GT(slow.busy_seconds(c), t.ranks(0).busy_seconds(c)) << c;
+    EXPECT_FALSE(t.ranks(0).flagged(c)) << c;
+  }
 }
 
 TEST(ReportStoreTest, CollectorReportsAnExpiredJobAsFinished) {
@@ -609,20 +770,29 @@ TEST(ReportStoreTest, CollectorChargesUnsavedReportsUntilWritten) {
     x->set_rank(rank);
     x->set_pid(100 + rank);
   }
+  // The running job's timeline was charged at the last tick.
+  const int64_t running_timeline = state.reports().timeline_bytes();
+  EXPECT_GT(running_timeline, 0);
   ASSERT_TRUE(state.Apply(exits).ok());
-  const int64_t without = state.MemoryAccountedBytes();
+  const int64_t without = state.MemoryAccountedBytes() - running_timeline;
   state.Tick();
   StateSnapshot s = state.Snapshot();
   EXPECT_EQ(s.reports_unsaved, 1);
   EXPECT_GT(s.reports_unsaved_bytes, 0);
   EXPECT_GE(s.report_save_errors, 1u);
+  // The unsaved report's bytes hold its timeline: not charged twice.
+  EXPECT_EQ(state.reports().timeline_bytes(), 0);
   EXPECT_EQ(state.MemoryAccountedBytes(), without + s.reports_unsaved_bytes);
   std::filesystem::remove_all(path);
   clock.Advance(2 * kSecond);
   state.Tick();
   EXPECT_TRUE(std::filesystem::is_regular_file(path));
   EXPECT_EQ(state.Snapshot().reports_unsaved, 0);
-  EXPECT_EQ(state.MemoryAccountedBytes(), without);
+  // Written: only the finished report's timeline stays charged (it stays in memory).
+  const int64_t finished_timeline = state.reports().timeline_bytes();
+  EXPECT_GT(finished_timeline, 0);
+  EXPECT_LT(finished_timeline, s.reports_unsaved_bytes * 4);
+  EXPECT_EQ(state.MemoryAccountedBytes(), without + finished_timeline);
   std::filesystem::remove_all(o.reports.dir);
 }
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/json.h"
+#include "ctl/proto_json.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 

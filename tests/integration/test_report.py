@@ -177,8 +177,16 @@ class ReportTest(unittest.TestCase):
             self.assert_final_report(json.load(f))
         with open(os.path.join(out_dir, "report-job_1.txt")) as f:
             self.assertIn("straggler", f.read())
+        # The HTML page: the job's name in its header, the straggler's row in the findings.
+        with open(os.path.join(out_dir, "report-job_1.html")) as f:
+            page = f.read()
+        self.assertTrue(page.startswith("<!DOCTYPE html>"), page[:100])
+        self.assertIn(f'id="job" data-value="{JOB}"', page)
+        self.assertRegex(page, r'<tr id="finding-[0-9]+" data-kind="straggler"')
+        self.assertTrue(page.rstrip().endswith("</html>"))
         self.assertFalse(os.path.exists(os.path.join(out_dir, "report-job_1.error")))
-        self.assertTrue(any("saved the report of job " + JOB in l for l in syslog), syslog)
+        self.assertTrue(any("saved the report of job " + JOB in l and ".json and .html" in l
+                            for l in syslog), syslog)
 
 
 @unittest.skipIf(shutil.which("openssl") is None, "openssl is not installed")
