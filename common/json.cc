@@ -1,9 +1,9 @@
 #include "common/json.h"
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/utf8.h"
 
@@ -347,13 +347,13 @@ class Parser {
       if (p_ == end_ || *p_ < '0' || *p_ > '9') return Fail("invalid number");
       while (p_ != end_ && *p_ >= '0' && *p_ <= '9') ++p_;
     }
-    // strtod needs a terminated buffer; numbers are short.
-    char buf[64];
-    size_t len = static_cast<size_t>(p_ - start);
-    if (len >= sizeof(buf)) return Fail("number too long");
-    std::memcpy(buf, start, len);
-    buf[len] = '\0';
-    double d = std::strtod(buf, nullptr);
+    const size_t len = static_cast<size_t>(p_ - start);
+    if (len >= 64) return Fail("number too long");
+    // Not strtod: it reads the decimal point of the process locale (LC_NUMERIC), so "0.25" would
+    // stop at the '.' under a comma-decimal locale. SimpleAtod ignores the locale; like strtod it
+    // gives infinity on overflow (refused below) and 0 on underflow.
+    double d = 0;
+    if (!absl::SimpleAtod(absl::string_view(start, len), &d)) return Fail("invalid number");
     if (!std::isfinite(d)) return Fail("number out of range");
     int64_t integer = 0;
     bool is_int = false;

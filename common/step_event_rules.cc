@@ -1,59 +1,34 @@
 #include "common/step_event_rules.h"
 
 #include <cmath>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "common/utf8.h"
 
 namespace stepwatch::step_event {
 
 namespace {
 
-bool IsControl(uint32_t cp) { return cp < 0x20 || (cp >= 0x7F && cp <= 0x9F); }
+// The header-only checks take std::string_view; absl::string_view is its own type here.
+std::string_view StdView(absl::string_view s) { return std::string_view(s.data(), s.size()); }
 
 // The checks of the rules table without building any message: every event of every batch goes
 // through here, and almost all of them pass. True only when every rule holds; a false answer is
 // explained by the detailed checks in Validate().
-constexpr bool IntegerOk(FieldId id, int64_t v) {
-  return v >= kFieldRules[id].int_min && v <= kFieldRules[id].int_max;
-}
-constexpr bool NumberOk(FieldId id, double v) {
-  const FieldRule& r = kFieldRules[id];
-  // NaN fails every comparison; infinities fail the upper or lower bound.
-  return (r.min_exclusive ? v > r.number_min : v >= r.number_min) && v <= r.number_max;
-}
 bool OptionalIntegerOk(FieldId id, const std::optional<int64_t>& v) {
-  return !v.has_value() || IntegerOk(id, *v);
+  return !v.has_value() || IntegerInRange(id, *v);
 }
 bool OptionalNumberOk(FieldId id, const std::optional<double>& v) {
-  return !v.has_value() || NumberOk(id, *v);
-}
-bool PrintableAscii(absl::string_view text) {
-  bool ok = true;
-  for (const char ch : text) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    ok &= (c >= 0x20 && c < 0x7F);
-  }
-  return ok;
-}
-bool SectionNameCharacter(unsigned char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-         c == '.' || c == ':' || c == '/' || c == '-';
+  return !v.has_value() || NumberInRange(id, *v);
 }
 bool SectionNameOk(absl::string_view name) {
-  if (name.empty() || name.size() > kMaxSectionNameBytes) return false;
-  for (const char ch : name) {
-    if (!SectionNameCharacter(static_cast<unsigned char>(ch))) return false;
-  }
-  for (const char* reserved : kReservedSectionNames) {
-    if (name == reserved) return false;
-  }
-  return true;
+  return CheckSectionName(StdView(name)) == SectionNameProblem::kNone;
 }
 bool SectionsOk(absl::Span<const Section> sections) {
   if (sections.size() > kMaxSections) return false;
   for (size_t i = 0; i < sections.size(); ++i) {
-    if (!SectionNameOk(sections[i].first) || !NumberOk(kSections, sections[i].second)) return false;
+    if (!SectionNameOk(sections[i].first) || !NumberInRange(kSections, sections[i].second))
+      return false;
     for (size_t j = 0; j < i; ++j) {
       if (sections[j].first == sections[i].first) return false;
     }
@@ -61,10 +36,10 @@ bool SectionsOk(absl::Span<const Section> sections) {
   return true;
 }
 bool AllRulesHold(const Fields& f) {
-  return !f.job.empty() && f.job.size() <= kMaxJobBytes && PrintableAscii(f.job) &&
-         IntegerOk(kRank, f.rank) && IntegerOk(kWorldSize, f.world_size) &&
-         IntegerOk(kStep, f.step) && f.rank < f.world_size && NumberOk(kStepS, f.step_seconds) &&
-         OptionalNumberOk(kDataS, f.data_seconds) &&
+  return !f.job.empty() && f.job.size() <= kMaxJobBytes && IsPrintableAscii(StdView(f.job)) &&
+         IntegerInRange(kRank, f.rank) && IntegerInRange(kWorldSize, f.world_size) &&
+         IntegerInRange(kStep, f.step) && f.rank < f.world_size &&
+         NumberInRange(kStepS, f.step_seconds) && OptionalNumberOk(kDataS, f.data_seconds) &&
          OptionalNumberOk(kComputeS, f.compute_seconds) &&
          OptionalNumberOk(kCommS, f.comm_seconds) && OptionalIntegerOk(kSamples, f.samples) &&
          OptionalIntegerOk(kLocalRank, f.local_rank) && OptionalIntegerOk(kGpu, f.gpu) &&
@@ -83,25 +58,21 @@ int FindField(absl::string_view name) {
 }
 
 absl::Status ValidateJob(absl::string_view job) {
-  if (job.empty()) return absl::InvalidArgumentError("job must not be empty");
-  if (job.size() > kMaxJobBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job is ", job.size(), " bytes, the limit is ", kMaxJobBytes));
-  }
-  // Fast path: job ids are almost always printable ASCII, checked without decoding.
-  if (PrintableAscii(job)) return absl::OkStatus();
-  for (size_t i = 0; i < job.size();) {
-    const Utf8Sequence seq = DecodeUtf8At(job, i);
-    if (seq.length == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("job is not UTF-8 at byte ", i));
-    }
-    if (IsControl(seq.code_point)) {
+  size_t at = 0;
+  switch (CheckJob(StdView(job), &at)) {
+    case JobProblem::kNone:
+      return absl::OkStatus();
+    case JobProblem::kEmpty:
+      return absl::InvalidArgumentError("job must not be empty");
+    case JobProblem::kTooLong:
       return absl::InvalidArgumentError(
-          absl::StrCat("job contains a control character at byte ", i));
-    }
-    i += seq.length;
+          absl::StrCat("job is ", job.size(), " bytes, the limit is ", kMaxJobBytes));
+    case JobProblem::kNotUtf8:
+      return absl::InvalidArgumentError(absl::StrCat("job is not UTF-8 at byte ", at));
+    case JobProblem::kControlCharacter:
+      break;
   }
-  return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("job contains a control character at byte ", at));
 }
 
 absl::Status ValidateInteger(FieldId field, int64_t value) {
@@ -134,18 +105,21 @@ absl::Status ValidateNumber(FieldId field, double value) {
 }
 
 absl::Status ValidateSectionName(absl::string_view name) {
-  if (SectionNameOk(name)) return absl::OkStatus();
+  size_t at = 0;
   // Names are quoted only once known to be short printable ASCII: they reach the agent's log.
-  if (name.empty()) return absl::InvalidArgumentError("sections: a name is empty");
-  if (name.size() > kMaxSectionNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("sections: a name is ", name.size(),
-                                                   " bytes, the limit is ", kMaxSectionNameBytes));
-  }
-  for (size_t i = 0; i < name.size(); ++i) {
-    if (!SectionNameCharacter(static_cast<unsigned char>(name[i]))) {
+  switch (CheckSectionName(StdView(name), &at)) {
+    case SectionNameProblem::kNone:
+      return absl::OkStatus();
+    case SectionNameProblem::kEmpty:
+      return absl::InvalidArgumentError("sections: a name is empty");
+    case SectionNameProblem::kTooLong:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sections: a name is ", name.size(), " bytes, the limit is ", kMaxSectionNameBytes));
+    case SectionNameProblem::kBadCharacter:
       return absl::InvalidArgumentError(
-          absl::StrCat("sections: a name has a character other than A-Za-z0-9_.:/- at byte ", i));
-    }
+          absl::StrCat("sections: a name has a character other than A-Za-z0-9_.:/- at byte ", at));
+    case SectionNameProblem::kReserved:
+      break;
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "sections: \"", name, "\" is a built-in phase (report it as ", name, "_s), not a section"));

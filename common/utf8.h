@@ -1,5 +1,5 @@
-// The one UTF-8 decoder and encoder of the JSON parser, the step-event rules and the terminal text
-// escaper (RFC 3629: no overlong forms, no surrogates, nothing over U+10FFFF).
+// The one UTF-8 decoder and encoder of the JSON parser, the step-event rules, the terminal text
+// escaper and the C++ client (RFC 3629: no overlong forms, no surrogates, nothing over U+10FFFF).
 #pragma once
 
 #include <cstddef>
@@ -7,18 +7,13 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "stepwatch/detail/utf8.h"
 
 namespace stepwatch {
 
-// One decoded sequence: `length` bytes (1 to 4) holding `code_point`, or length 0 when the bytes at
-// that offset are not a well-formed sequence.
-struct Utf8Sequence {
-  size_t length = 0;
-  uint32_t code_point = 0;
-  // Only when length is 0: the lead byte was valid but the text ended before its last byte, which
-  // the JSON parser reports apart from other malformed input.
-  bool truncated = false;
-};
+// The decoder is header-only so that the C++ client (client/include/stepwatch/client.h) shares it:
+// one decoded sequence, `length` 0 when malformed (stepwatch/detail/utf8.h).
+using Utf8Sequence = detail::Utf8Sequence;
 
 // Decodes the sequence that starts at text[offset]; offset < text.size().
 Utf8Sequence DecodeUtf8At(absl::string_view text, size_t offset);

@@ -131,6 +131,11 @@ fi
 
 ctl=("$build/ctl/stepwatchctl" --collector="$grpc")
 job="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["job"])' "$scenario")"
+# The live view in a browser: the job list and each job's report page, reloading themselves.
+view_addr="127.0.0.1:$(free_port)"
+"${ctl[@]}" serve --listen="$view_addr" >"$run_dir/serve.log" 2>&1 &
+pids+=($!)
+echo "demo: live view http://$view_addr/"
 # Kept under the live view: where the collector listens and what to try next.
 if [ "$collectors" -gt 1 ]; then
   where="collectors: gRPC $grpc (each job on 2 of them), metrics$(printf ' http://%s/metrics' "${metrics_addrs[@]}")"
@@ -138,7 +143,8 @@ else
   where="collector: gRPC $grpc, metrics http://$metrics/metrics"
 fi
 hint="$where; logs in $run_dir
-agents: node-0 metrics http://${agent_metrics[0]}/metrics (every node: $run_dir/prometheus.yml)$prometheus_hint
+agents: node-0 metrics http://${agent_metrics[0]}/metrics (every node: $run_dir/prometheus.yml)
+live view in a browser: http://$view_addr/ (the job: http://$view_addr/jobs/$job)$prometheus_hint
 Try in another terminal:
   $build/ctl/stepwatchctl --collector=$grpc explain $job   # where the step time goes, what to fix
   $build/ctl/stepwatchctl --collector=$grpc report $job    # the job's whole life, also after it ends

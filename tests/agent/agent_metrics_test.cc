@@ -1,7 +1,5 @@
 #include "agent/agent_metrics.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -13,8 +11,9 @@
 #include "gpu/gpu_source.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
-#include "tests/agent/test_util.h"
+#include "tests/testing/net.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace stepwatch::agent {
 namespace {
@@ -227,37 +226,15 @@ TEST(AgentMetricsTest, CountersEndInTotalAndFamiliesHaveHelp) {
   }
 }
 
-// GET http://127.0.0.1:port/path over a plain socket; returns the body.
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)!::write(fd, req.data(), req.size());
-  std::string resp;
-  char buf[4096];
-  for (int i = 0; i < 10000; ++i) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n <= 0) break;
-    resp.append(buf, n);
-  }
-  ::close(fd);
-  const size_t body = resp.find("\r\n\r\n");
-  return body == std::string::npos ? "" : resp.substr(body + 4);
-}
-
 TEST(AgentMetricsTest, ServesOverHttpAndPassesPromtool) {
   auto server = MetricsServer::Start(Listen("127.0.0.1:0"),
                                      std::make_shared<AgentCollectable>(FakeSources()));
   ASSERT_OK(server);
   ASSERT_GT((*server)->port(), 0);
-  const std::string body = HttpGet((*server)->port(), "/metrics");
+  ASSERT_OK_AND_ASSIGN(const test::HttpResponse response,
+                       test::HttpGet((*server)->port(), "/metrics"));
+  EXPECT_EQ(response.status_code, 200) << response.head;
+  const std::string& body = response.body;
   EXPECT_NE(body.find("# TYPE stepwatch_agent_events_rejected_total counter"), std::string::npos)
       << body;
   EXPECT_NE(body.find("stepwatch_agent_gpu_utilization_ratio{node=\"node-7\",gpu=\"0\",namespace="
@@ -265,8 +242,9 @@ TEST(AgentMetricsTest, ServesOverHttpAndPassesPromtool) {
             std::string::npos)
       << body;
   if (::access("/usr/bin/promtool", X_OK) != 0) GTEST_SKIP() << "promtool not installed";
-  const std::string dir = testing::MakeTempDir();
-  const std::string file = dir + "/scrape.txt";
+  const test::TempDir dir("stepwatch-agent-test");
+  ASSERT_FALSE(dir.path().empty());
+  const std::string file = dir.File("scrape.txt");
   std::ofstream(file) << body;
   const std::string cmd = "/usr/bin/promtool check metrics < " + file + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
@@ -277,8 +255,6 @@ TEST(AgentMetricsTest, ServesOverHttpAndPassesPromtool) {
   const int rc = ::pclose(p);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_EQ(out, "") << out;
-  ::unlink(file.c_str());
-  ::rmdir(dir.c_str());
 }
 
 TEST(AgentMetricsTest, BadListenAddressesFail) {

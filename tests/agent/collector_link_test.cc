@@ -17,10 +17,14 @@
 #include "gtest/gtest.h"
 #include "tests/agent/fake_collector.h"
 #include "tests/agent/test_util.h"
+#include "tests/testing/net.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace stepwatch::agent {
 namespace {
+
+using test::StatusIs;
 
 using testing::WaitFor;
 
@@ -32,14 +36,6 @@ v1::StepEvent Step(int64_t step) {
   e.set_step(step);
   e.set_step_seconds(0.1);
   return e;
-}
-
-// A port that nothing listens on for the moment.
-int UnusedPort() {
-  FakeCollector probe;
-  const int port = probe.Start(0, {});
-  probe.Shutdown();
-  return port;
 }
 
 // Options without a clock (the system clock).
@@ -259,7 +255,7 @@ TEST_F(CollectorLinkTest, StreamDroppedByServerIsReopenedAndNothingIsLost) {
 }
 
 TEST_F(CollectorLinkTest, FullBufferDropsOldestAndTellsTheCollector) {
-  const int port = UnusedPort();
+  ASSERT_OK_AND_ASSIGN(const int port, test::FreeLoopbackPort());
   ASSERT_GT(port, 0);
   CollectorLinkOptions o = Options(port);
   o.max_buffered_batches = 3;
@@ -283,7 +279,8 @@ TEST_F(CollectorLinkTest, FullBufferDropsOldestAndTellsTheCollector) {
 }
 
 TEST_F(CollectorLinkTest, ByteBoundAlsoDropsOldest) {
-  CollectorLinkOptions o = Options(UnusedPort());
+  ASSERT_OK_AND_ASSIGN(const int port, test::FreeLoopbackPort());
+  CollectorLinkOptions o = Options(port);
   o.max_buffered_bytes = 2000;
   CollectorLink link(o);
   ASSERT_OK(link.Start());
@@ -297,7 +294,7 @@ TEST_F(CollectorLinkTest, ByteBoundAlsoDropsOldest) {
 // Each failed attempt is followed by one sleep on the clock, doubling from `initial` with up to
 // 50% jitter and capped at `max`; nothing else moves the time.
 TEST_F(CollectorLinkTest, ReconnectBackoffGrowsAndIsCapped) {
-  const int port = UnusedPort();
+  ASSERT_OK_AND_ASSIGN(const int port, test::FreeLoopbackPort());
   ASSERT_GT(port, 0);
   CollectorLinkOptions o = Options(port);
   o.backoff.initial = absl::Milliseconds(4);
@@ -467,7 +464,8 @@ bool StopsWithin(
 
 // Without a collector there is nothing to wait for: Stop returns without the time moving.
 TEST_F(CollectorLinkTest, StopIsBoundedWithoutCollector) {
-  CollectorLink link(Options(UnusedPort()));
+  ASSERT_OK_AND_ASSIGN(const int port, test::FreeLoopbackPort());
+  CollectorLink link(Options(port));
   ASSERT_OK(link.Start());
   link.Enqueue(Cut(Steps(1, 1)));
   const absl::Time start = clock_.TimeNow();
@@ -510,21 +508,22 @@ TEST_F(CollectorLinkTest, StopWaitsForTheFlushTimeoutWhenNothingIsAcknowledged) 
 TEST_F(CollectorLinkTest, RejectsBadOptions) {
   CollectorLinkOptions o = Options(1);
   o.agent_id.clear();
-  EXPECT_FALSE(CollectorLink(o).Start().ok());
+  EXPECT_THAT(CollectorLink(o).Start(), StatusIs(absl::StatusCode::kInvalidArgument));
   o = Options(1);
   o.max_buffered_batches = 0;
-  EXPECT_FALSE(CollectorLink(o).Start().ok());
+  EXPECT_THAT(CollectorLink(o).Start(), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 // A spooled link that dies before the collector acknowledges anything: the next one, on the
 // same directory, sends those batches first under the same boot_id and seqs, then its own above.
 TEST_F(CollectorLinkTest, SpooledBatchesOutliveTheLinkAndKeepTheirIds) {
-  const std::string dir = testing::MakeTempDir();
+  const test::TempDir temp_dir("stepwatch-agent-test");
+  const std::string& dir = temp_dir.path();
   ASSERT_FALSE(dir.empty());
   SpoolOptions spool_options;
   spool_options.dir = dir + "/spool";
   spool_options.sync = false;
-  const int port = UnusedPort();
+  ASSERT_OK_AND_ASSIGN(const int port, test::FreeLoopbackPort());
   std::string boot_id;
   {
     absl::StatusOr<std::unique_ptr<Spool>> spool =
@@ -567,18 +566,18 @@ TEST_F(CollectorLinkTest, SpooledBatchesOutliveTheLinkAndKeepTheirIds) {
   EXPECT_EQ(AsSet(collector.unique_steps()), std::set<int64_t>({0, 1, 2, 3, 4, 5, 6}));
   EXPECT_EQ(collector.unique_steps().size(), 7u);
   link.Stop(absl::ZeroDuration());
-  std::filesystem::remove_all(dir);
 }
 
 // A batch the spool cannot take (a full disk; here a directory squats on its temporary file) is
 // held in memory, counted as at risk, and written on a later cut once the spool takes it again.
 TEST_F(CollectorLinkTest, BatchesTheSpoolRefusedAreHeldCountedAndSpooledLater) {
-  const std::string dir = testing::MakeTempDir();
+  const test::TempDir temp_dir("stepwatch-agent-test");
+  const std::string& dir = temp_dir.path();
   ASSERT_FALSE(dir.empty());
   SpoolOptions spool_options;
   spool_options.dir = dir + "/spool";
   spool_options.sync = false;
-  const int port = UnusedPort();
+  ASSERT_OK_AND_ASSIGN(const int port, test::FreeLoopbackPort());
   {
     absl::StatusOr<std::unique_ptr<Spool>> spool =
         Spool::Open(spool_options, Options(port).agent_id);
@@ -614,18 +613,18 @@ TEST_F(CollectorLinkTest, BatchesTheSpoolRefusedAreHeldCountedAndSpooledLater) {
   ASSERT_EQ(left.size(), 2u);
   EXPECT_EQ(left[0]->steps_size(), 2);
   EXPECT_EQ(left[1]->steps(0).step(), 3);
-  std::filesystem::remove_all(dir);
 }
 
 // The spool holds what the buffer holds: beyond the byte bound the oldest batches leave both,
 // counted, and the next process replays only the newest.
 TEST_F(CollectorLinkTest, FullSpoolDropsOldestFirstAndCountsThem) {
-  const std::string dir = testing::MakeTempDir();
+  const test::TempDir temp_dir("stepwatch-agent-test");
+  const std::string& dir = temp_dir.path();
   ASSERT_FALSE(dir.empty());
   SpoolOptions spool_options;
   spool_options.dir = dir + "/spool";
   spool_options.sync = false;
-  const int port = UnusedPort();
+  ASSERT_OK_AND_ASSIGN(const int port, test::FreeLoopbackPort());
   {
     absl::StatusOr<std::unique_ptr<Spool>> spool =
         Spool::Open(spool_options, Options(port).agent_id);
@@ -650,7 +649,6 @@ TEST_F(CollectorLinkTest, FullSpoolDropsOldestFirstAndCountsThem) {
   ASSERT_FALSE(left.empty());
   EXPECT_EQ(left.back()->seq(), 10u);
   EXPECT_EQ(left.back()->steps(0).step(), 900);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -19,11 +19,14 @@
 #include "gtest/gtest.h"
 #include "tests/agent/fake_collector.h"
 #include "tests/agent/test_util.h"
+#include "tests/testing/net.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace stepwatch::agent {
 namespace {
 
+using ::testing::HasSubstr;
 using testing::WaitFor;
 
 constexpr char kNode[] = "node-a";
@@ -39,14 +42,6 @@ v1::StepEvent JobStep(const std::string& job, int64_t step) {
 }
 
 std::string Address(int port) { return "127.0.0.1:" + std::to_string(port); }
-
-// A port that nothing listens on for the moment.
-int UnusedPort() {
-  FakeCollector probe;
-  const int port = probe.Start(0, {});
-  probe.Shutdown();
-  return port;
-}
 
 using Counts = std::multiset<std::pair<std::string, int64_t>>;
 
@@ -350,7 +345,8 @@ TEST_F(CollectorRouterTest, FailsOverAfterTheDelayAndMovesBack) {
 // A link that never connected counts as down --failover-after from its start.
 TEST_F(CollectorRouterTest, NeverConnectedCollectorIsSkippedAfterTheDelay) {
   StartCollectors(1);
-  const std::string dead = Address(UnusedPort());
+  ASSERT_OK_AND_ASSIGN(const int dead_port, test::FreeLoopbackPort());
+  const std::string dead = Address(dead_port);
   resolver_.Set({addresses_[0], dead});
   CollectorRouter router(Options(1), nullptr, nullptr);
   ASSERT_OK(router.Start());
@@ -461,9 +457,12 @@ TEST_F(CollectorRouterTest, ResolvesADnsName) {
 // Each link spools under its own subdirectory; a later agent replays each one to its collector,
 // under the boot_id that link had.
 TEST_F(CollectorRouterTest, SpoolsPerCollectorAndReplaysToTheSameCollector) {
-  const std::string dir = testing::MakeTempDir();
+  const test::TempDir temp_dir("stepwatch-agent-test");
+  const std::string& dir = temp_dir.path();
   ASSERT_FALSE(dir.empty());
-  const std::vector<int> ports = {UnusedPort(), UnusedPort()};
+  ASSERT_OK_AND_ASSIGN(const int first_port, test::FreeLoopbackPort());
+  ASSERT_OK_AND_ASSIGN(const int second_port, test::FreeLoopbackPort());
+  const std::vector<int> ports = {first_port, second_port};
   ASSERT_NE(ports[0], ports[1]);
   const std::vector<std::string> addresses = {Address(ports[0]), Address(ports[1])};
   resolver_.Set(addresses);
@@ -507,14 +506,15 @@ TEST_F(CollectorRouterTest, SpoolsPerCollectorAndReplaysToTheSameCollector) {
   ASSERT_TRUE(other.has_value());
   EXPECT_EQ(other->spool->batches, 1u);
   router.Stop(absl::ZeroDuration());
-  std::filesystem::remove_all(dir);
 }
 
 // One agent per --spool-dir, as with the single-collector layout: a second one fails to start.
 TEST_F(CollectorRouterTest, SpoolDirectoryInUseFailsTheStart) {
-  const std::string dir = testing::MakeTempDir();
+  const test::TempDir temp_dir("stepwatch-agent-test");
+  const std::string& dir = temp_dir.path();
   ASSERT_FALSE(dir.empty());
-  resolver_.Set({Address(UnusedPort())});
+  ASSERT_OK_AND_ASSIGN(const int port, test::FreeLoopbackPort());
+  resolver_.Set({Address(port)});
   CollectorRouterOptions o = Options(1);
   o.spool.dir = dir + "/spool";
   o.spool.sync = false;
@@ -522,10 +522,8 @@ TEST_F(CollectorRouterTest, SpoolDirectoryInUseFailsTheStart) {
   ASSERT_OK(first.Start());
   CollectorRouter second(o, nullptr, nullptr);
   const absl::Status st = second.Start();
-  EXPECT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("in use"), std::string::npos) << st;
+  EXPECT_THAT(st, test::StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("in use")));
   first.Stop(absl::ZeroDuration());
-  std::filesystem::remove_all(dir);
 }
 
 TEST_F(CollectorRouterTest, StepsWaitWhileNoCollectorResolved) {
@@ -594,7 +592,8 @@ TEST_F(CollectorRouterTest, ExitedSenderIsReportedOnceAfterItsSteps) {
 // Beyond max_pending_events the steps waiting for the next cut are dropped and counted; the cut
 // takes the rest.
 TEST_F(CollectorRouterTest, PendingStepsAreBounded) {
-  resolver_.Set({Address(UnusedPort())});
+  ASSERT_OK_AND_ASSIGN(const int port, test::FreeLoopbackPort());
+  resolver_.Set({Address(port)});
   CollectorRouterOptions o = Options(1);
   o.link.max_pending_events = 5;
   CollectorRouter router(o, nullptr, nullptr);
@@ -611,7 +610,8 @@ TEST_F(CollectorRouterTest, PendingStepsAreBounded) {
 
 // The node as the last cut read it is kept for the agent's own /metrics.
 TEST_F(CollectorRouterTest, KeepsTheLatestReadingsForMetrics) {
-  resolver_.Set({Address(UnusedPort())});
+  ASSERT_OK_AND_ASSIGN(const int port, test::FreeLoopbackPort());
+  resolver_.Set({Address(port)});
   FakeGpus gpus;
   FakeHost host;
   CollectorRouter router(Options(1), &gpus, &host);

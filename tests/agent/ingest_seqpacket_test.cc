@@ -15,17 +15,16 @@
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "agent/ingest_server.h"
 #include "gtest/gtest.h"
 #include "tests/agent/test_util.h"
+#include "tests/testing/received.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace stepwatch::agent {
 namespace {
 
-using testing::MakeTempDir;
 using testing::SendDatagram;
 using testing::WaitFor;
 
@@ -66,41 +65,19 @@ class Connection {
   int fd_ = -1;
 };
 
-class Received {
- public:
-  IngestServer::Sink Sink() {
-    return [this](v1::StepEvent&& e) {
-      absl::MutexLock lock(&mu_);
-      events_.push_back(std::move(e));
-    };
-  }
-  size_t size() ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    return events_.size();
-  }
-  std::vector<v1::StepEvent> events() ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    return events_;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<v1::StepEvent> events_ ABSL_GUARDED_BY(mu_);
-};
+using Received = test::Received<v1::StepEvent>;
 
 class IngestSeqpacketTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = MakeTempDir();
-    ASSERT_FALSE(dir_.empty());
-  }
+  void SetUp() override { ASSERT_FALSE(dir_.empty()); }
   IngestServerOptions Options() {
     IngestServerOptions o;
     o.socket_path = dir_ + "/agent.sock";
     o.seqpacket_path = SeqpacketPathFor(o.socket_path);
     return o;
   }
-  std::string dir_;
+  test::TempDir temp_dir_{"stepwatch-agent-test"};
+  const std::string dir_ = temp_dir_.path();
 };
 
 TEST_F(IngestSeqpacketTest, EachPacketIsOneMessageWithTheSendersPid) {
@@ -124,7 +101,7 @@ TEST_F(IngestSeqpacketTest, EachPacketIsOneMessageWithTheSendersPid) {
   EXPECT_EQ(s.rejected_total[static_cast<int>(RejectReason::kTooLarge)], 1u);
   EXPECT_EQ(s.connections_accepted_total, 1u);
   EXPECT_EQ(s.connections_open, 1u);
-  const std::vector<v1::StepEvent> events = received.events();
+  const std::vector<v1::StepEvent> events = received.items();
   ASSERT_EQ(events.size(), 3u);
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(events[i].step(), i + 1);
@@ -173,7 +150,7 @@ TEST_F(IngestSeqpacketTest, ARankIsBoundToTheProcessOnTheOtherEnd) {
   ASSERT_EQ(WEXITSTATUS(status), 0);
   ASSERT_TRUE(WaitFor([&] { return (*server)->stats().seqpacket_messages_total == 4; }));
   EXPECT_EQ((*server)->stats().rejected_total[static_cast<int>(RejectReason::kNotOwner)], 2u);
-  const std::vector<v1::StepEvent> events = received.events();
+  const std::vector<v1::StepEvent> events = received.items();
   ASSERT_EQ(events.size(), 2u);
   EXPECT_EQ(events[1].rank(), 0);
   EXPECT_EQ(events[1].pid(), child);
@@ -246,7 +223,7 @@ TEST_F(IngestSeqpacketTest, ABurstFromManyConnectionsLosesNothing) {
   EXPECT_EQ(failed.load(), 0);
   ASSERT_TRUE(WaitFor([&] { return received.size() == kRanks * kSteps; })) << received.size();
   std::vector<int> per_rank(kRanks, 0);
-  for (const auto& e : received.events()) ++per_rank[e.rank()];
+  for (const auto& e : received.items()) ++per_rank[e.rank()];
   for (int r = 0; r < kRanks; ++r) EXPECT_EQ(per_rank[r], kSteps) << "rank " << r;
 }
 
@@ -310,8 +287,7 @@ TEST_F(IngestSeqpacketTest, StaleSocketIsReplacedAndALiveOneIsNot) {
   IngestServerOptions o = Options();
   o.socket_path = dir_ + "/other.sock";
   auto second = IngestServer::Start(o, received.Sink());
-  ASSERT_FALSE(second.ok());
-  EXPECT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_THAT(second, test::StatusIs(absl::StatusCode::kAlreadyExists));
   struct stat st;
   EXPECT_NE(::stat(o.socket_path.c_str(), &st), 0) << "nothing is left behind";
   Connection c((*first)->seqpacket_path());

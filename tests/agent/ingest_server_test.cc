@@ -10,43 +10,22 @@
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "tests/agent/test_util.h"
+#include "tests/testing/received.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace stepwatch::agent {
 namespace {
 
-using testing::MakeTempDir;
 using testing::SendDatagram;
 using testing::WaitFor;
 
 constexpr char kEvent[] = R"({"job":"j","rank":1,"world_size":2,"step":7,"step_s":0.25})";
 
-class Received {
- public:
-  IngestServer::Sink Sink() {
-    return [this](v1::StepEvent&& e) {
-      absl::MutexLock lock(&mu_);
-      events_.push_back(std::move(e));
-    };
-  }
-  size_t size() ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    return events_.size();
-  }
-  std::vector<v1::StepEvent> events() ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    return events_;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<v1::StepEvent> events_ ABSL_GUARDED_BY(mu_);
-};
+using Received = test::Received<v1::StepEvent>;
 
 uint64_t Rejected(const IngestServer& s, RejectReason r) {
   return s.stats().rejected_total[static_cast<int>(r)];
@@ -54,17 +33,15 @@ uint64_t Rejected(const IngestServer& s, RejectReason r) {
 
 class IngestServerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = MakeTempDir();
-    ASSERT_FALSE(dir_.empty());
-  }
+  void SetUp() override { ASSERT_FALSE(dir_.empty()); }
   IngestServerOptions Options(const std::string& name = "agent.sock") {
     IngestServerOptions o;
     o.socket_path = dir_ + "/" + name;
     o.clock = &clock_;
     return o;
   }
-  std::string dir_;
+  test::TempDir temp_dir_{"stepwatch-agent-test"};
+  const std::string dir_ = temp_dir_.path();
   FakeClock clock_;
 };
 
@@ -74,7 +51,7 @@ TEST_F(IngestServerTest, ReceivesValidEventsWithSenderPidAndTime) {
   ASSERT_OK(server);
   ASSERT_TRUE(SendDatagram((*server)->socket_path(), kEvent));
   ASSERT_TRUE(WaitFor([&] { return received.size() == 1; }));
-  const v1::StepEvent e = received.events()[0];
+  const v1::StepEvent e = received.items()[0];
   EXPECT_EQ(e.job(), "j");
   EXPECT_EQ(e.step(), 7);
   EXPECT_EQ(e.pid(), ::getpid());
@@ -147,8 +124,8 @@ TEST_F(IngestServerTest, ARankIsBoundToTheProcessThatReportsIt) {
   ASSERT_TRUE(WaitFor([&] { return (*server)->stats().datagrams_total == 3; }));
   EXPECT_EQ(Rejected(**server, RejectReason::kNotOwner), 1u);
   ASSERT_EQ(received.size(), 2u);
-  EXPECT_EQ(received.events()[1].rank(), 0);
-  EXPECT_EQ(received.events()[1].pid(), child);
+  EXPECT_EQ(received.items()[1].rank(), 0);
+  EXPECT_EQ(received.items()[1].pid(), child);
   // The child is gone: its rank 0 may be taken over (a restarted rank).
   ASSERT_TRUE(SendDatagram(path, R"({"job":"j","rank":0,"world_size":2,"step":9,"step_s":0.25})"));
   ASSERT_TRUE(WaitFor([&] { return received.size() == 3; }));
@@ -216,7 +193,7 @@ TEST_F(IngestServerTest, TenantBoundsRefuseOneUserAndAdmitAnother) {
   ASSERT_GT(other.pid, 0);
   ASSERT_TRUE(WaitFor([&] { return received.size() == 5; }));
   ASSERT_TRUE(finish(other));
-  EXPECT_EQ(received.events().back().job(), "theirs");
+  EXPECT_EQ(received.items().back().job(), "theirs");
   EXPECT_EQ(Rejected(**server, RejectReason::kTenantLimit), 3u);
 }
 
@@ -282,8 +259,7 @@ TEST_F(IngestServerTest, RefusesSocketInUseByAnotherAgent) {
   auto first = IngestServer::Start(Options(), received.Sink());
   ASSERT_OK(first);
   auto second = IngestServer::Start(Options(), received.Sink());
-  ASSERT_FALSE(second.ok());
-  EXPECT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_THAT(second, test::StatusIs(absl::StatusCode::kAlreadyExists));
   // The first one still works.
   ASSERT_TRUE(SendDatagram((*first)->socket_path(), kEvent));
   EXPECT_TRUE(WaitFor([&] { return received.size() == 1; }));
@@ -294,8 +270,7 @@ TEST_F(IngestServerTest, RefusesToReplaceARegularFile) {
   std::ofstream(path) << "precious";
   Received received;
   auto server = IngestServer::Start(Options(), received.Sink());
-  ASSERT_FALSE(server.ok());
-  EXPECT_EQ(server.status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_THAT(server, test::StatusIs(absl::StatusCode::kFailedPrecondition));
   std::ifstream in(path);
   std::string content;
   in >> content;
@@ -307,8 +282,7 @@ TEST_F(IngestServerTest, RejectsOverlongPath) {
   o.socket_path = dir_ + "/" + std::string(200, 'x');
   Received received;
   auto server = IngestServer::Start(o, received.Sink());
-  ASSERT_FALSE(server.ok());
-  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_THAT(server, test::StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST_F(IngestServerTest, StopRemovesSocketAndIsIdempotent) {
@@ -347,7 +321,7 @@ TEST_F(IngestServerTest, ManyEventsFromSeveralSendersAllArrive) {
   for (auto& s : senders) s.join();
   ASSERT_TRUE(WaitFor([&] { return received.size() == kSenders * kPerSender; })) << received.size();
   std::vector<int> per_rank(kSenders, 0);
-  for (const auto& e : received.events()) ++per_rank[e.rank()];
+  for (const auto& e : received.items()) ++per_rank[e.rank()];
   for (int t = 0; t < kSenders; ++t) EXPECT_EQ(per_rank[t], kPerSender);
 }
 

@@ -11,23 +11,24 @@
 #include "absl/strings/str_cat.h"
 #include "agent/collector_link.h"
 #include "gtest/gtest.h"
-#include "tests/agent/test_util.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace stepwatch::agent {
 namespace {
+
+using test::StatusIs;
+using ::testing::HasSubstr;
 
 const char kAgent[] = "node-a-0123456789abcdef";
 
 class SpoolTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = testing::MakeTempDir();
     ASSERT_FALSE(dir_.empty());
     options_.dir = dir_ + "/spool";
     options_.seq_lease = 100;
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::unique_ptr<Spool> Open() {
     absl::StatusOr<std::unique_ptr<Spool>> s = Spool::Open(options_, kAgent);
@@ -54,7 +55,8 @@ class SpoolTest : public ::testing::Test {
     return options_.dir + name;
   }
 
-  std::string dir_;
+  test::TempDir temp_dir_{"stepwatch-agent-test"};
+  const std::string dir_ = temp_dir_.path();
   SpoolOptions options_;
 };
 
@@ -210,12 +212,10 @@ TEST_F(SpoolTest, OneAgentPerDirectory) {
   std::unique_ptr<Spool> spool = Open();
   ASSERT_NE(spool, nullptr);
   absl::StatusOr<std::unique_ptr<Spool>> second = Spool::Open(options_, kAgent);
-  ASSERT_FALSE(second.ok());
-  EXPECT_NE(second.status().message().find("in use"), std::string::npos) << second.status();
+  ASSERT_THAT(second, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("in use")));
   spool.reset();
   absl::StatusOr<std::unique_ptr<Spool>> other = Spool::Open(options_, "node-b-0000000000000000");
-  ASSERT_FALSE(other.ok());
-  EXPECT_NE(other.status().message().find("own --spool-dir"), std::string::npos) << other.status();
+  EXPECT_THAT(other, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("own --spool-dir")));
 }
 
 TEST_F(SpoolTest, UnusableDirectoryIsAClearError) {
@@ -223,16 +223,14 @@ TEST_F(SpoolTest, UnusableDirectoryIsAClearError) {
   { std::ofstream(file) << "x"; }
   options_.dir = file + "/spool";
   absl::StatusOr<std::unique_ptr<Spool>> s = Spool::Open(options_, kAgent);
-  ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.status().message().find("cannot create spool directory"), std::string::npos)
-      << s.status();
+  ASSERT_THAT(s, StatusIs(absl::StatusCode::kFailedPrecondition,
+                          HasSubstr("cannot create spool directory")));
   if (::geteuid() != 0) {  // root writes anywhere
     options_.dir = dir_ + "/read-only";
     std::filesystem::create_directories(options_.dir);
     ::chmod(options_.dir.c_str(), 0500);
     s = Spool::Open(options_, kAgent);
-    EXPECT_FALSE(s.ok());
-    EXPECT_NE(s.status().message().find("not writable"), std::string::npos) << s.status();
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not writable")));
     ::chmod(options_.dir.c_str(), 0700);
   }
 }

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -46,15 +45,6 @@ inline bool AdvanceUntil(SimulatedClock& clock, const std::function<bool()>& pre
     }
   }
   return pred();
-}
-
-// A fresh private directory under $TMPDIR, removed (non-recursively for files we know) by the OS
-// temp cleaner; tests only create sockets and small files in it.
-inline std::string MakeTempDir() {
-  const char* base = std::getenv("TMPDIR");
-  std::string templ = std::string(base && *base ? base : "/tmp") + "/stepwatch-agent-test-XXXXXX";
-  char* dir = ::mkdtemp(templ.data());
-  return dir ? std::string(dir) : std::string();
 }
 
 // Sends one datagram to a Unix socket path; returns whether the kernel took it.

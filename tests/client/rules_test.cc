@@ -1,7 +1,10 @@
-// The header-only client's copy of the step-event rules against the agent's: the same constants,
-// and over the shared table of edge cases (tests/data/step_event_cases.json) the client sends
-// exactly the events the agent's parser accepts.
+// The header-only client against the agent's step-event rules. Both take the limits and checks
+// from one definition (stepwatch/detail/step_event_rules.h), so what is left to prove is that the
+// client's own types and messages keep them: the same constants in its types, the same verdicts
+// on job ids and section names, and over the shared table of edge cases
+// (tests/data/step_event_cases.json) exactly the events the agent's parser accepts.
 #include <climits>
+#include <cstring>
 #include <string>
 
 #include "agent/step_event_parser.h"
@@ -64,6 +67,31 @@ TEST(ClientRulesTest, ConstantsEqualTheRules) {
     }
   }
   EXPECT_EQ(found, 2);
+}
+
+TEST(ClientRulesTest, TheCharacterCheckIsThePublishedCharacterSet) {
+  for (int c = 0; c < 256; ++c) {
+    const char ch = static_cast<char>(c);
+    const bool listed = c != 0 && std::strchr(rules::kSectionNameCharacters, c) != nullptr;
+    EXPECT_EQ(rules::IsSectionNameCharacter(ch), listed) << c;
+  }
+}
+
+TEST(ClientRulesTest, JobVerdictsEqualTheAgentsOnEveryOneAndTwoByteId) {
+  int refused = 0;
+  for (int a = 0; a < 256; ++a) {
+    for (int b = -1; b < 256; ++b) {
+      std::string job(1, static_cast<char>(a));
+      if (b >= 0) job.push_back(static_cast<char>(b));
+      const bool client = ValidateJob(job) == nullptr;
+      ASSERT_EQ(client, rules::ValidateJob(job).ok()) << a << " " << b;
+      refused += client ? 0 : 1;
+    }
+  }
+  // Control characters, lone continuation bytes, truncated sequences: a good share is refused.
+  EXPECT_GT(refused, 20000);
+  EXPECT_NE(ValidateJob(std::string(kMaxJobBytes + 1, 'j')), nullptr);
+  EXPECT_FALSE(rules::ValidateJob(std::string(kMaxJobBytes + 1, 'j')).ok());
 }
 
 // The client's own verdict on a case: nullopt when its types cannot hold the values (an int

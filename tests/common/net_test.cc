@@ -6,6 +6,8 @@
 namespace stepwatch {
 namespace {
 
+using test::StatusIs;
+
 TEST(ParseHostPortTest, AcceptsCommonForms) {
   auto a = ParseHostPort("127.0.0.1:7070");
   ASSERT_OK(a);
@@ -23,7 +25,7 @@ TEST(ParseHostPortTest, AcceptsCommonForms) {
 
 TEST(ParseHostPortTest, RejectsBadInput) {
   for (const char* bad : {"localhost", "host:", "host:x", "host:70000", "[::1]", "[::1]7070", ""}) {
-    EXPECT_FALSE(ParseHostPort(bad).ok()) << bad;
+    EXPECT_THAT(ParseHostPort(bad), StatusIs(absl::StatusCode::kInvalidArgument)) << bad;
   }
 }
 

@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace stepwatch::gpu {
 namespace {
@@ -45,14 +46,9 @@ constexpr char kTwoGpus[] = R"({
 class GpuSourceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* tmp = getenv("TEST_TMPDIR");
-    dir_ = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/stepwatch_gpu_test_", getpid(), "_",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ASSERT_EQ(system(absl::StrCat("mkdir -p '", dir_, "'").c_str()), 0);
-    state_path_ = dir_ + "/state.json";
+    ASSERT_FALSE(dir_.empty());
     setenv("STEPWATCH_FAKE_NVML_STATE", state_path_.c_str(), 1);
   }
-  void TearDown() override { system(absl::StrCat("rm -rf '", dir_, "'").c_str()); }
 
   // Replaces the state atomically, as the documentation asks writers to.
   void WriteState(const std::string& text) {
@@ -82,8 +78,9 @@ class GpuSourceTest : public ::testing::Test {
     return samples.ok() ? *samples : std::vector<v1::GpuSample>{};
   }
 
-  std::string dir_;
-  std::string state_path_;
+  const test::TempDir temp_dir_{"stepwatch-gpu-test"};
+  const std::string dir_ = temp_dir_.path();
+  const std::string state_path_ = temp_dir_.File("state.json");
 };
 
 TEST_F(GpuSourceTest, ReadsWhatTheStateSays) {

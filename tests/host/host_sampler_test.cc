@@ -1,16 +1,14 @@
 // The host sampler on fake trees (copies of testdata/ in a temporary folder) and on this machine.
 #include "host/host_sampler.h"
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <string>
 
-#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "host/memory_bandwidth.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace stepwatch::host {
 namespace {
@@ -21,17 +19,7 @@ constexpr int64_t kSecond = 1000000000;
 
 class HostSamplerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    root_ = fs::temp_directory_path() /
-            absl::StrCat("stepwatch_host_test_", getpid(), "_",
-                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(root_, ec);
-  }
+  void SetUp() override { ASSERT_FALSE(temp_dir_.path().empty()); }
 
   // Copies testdata/<name> over the fake root.
   void Install(const std::string& name) {
@@ -51,7 +39,8 @@ class HostSamplerTest : public ::testing::Test {
     return MakeHostSampler(options);
   }
 
-  fs::path root_;
+  const test::TempDir temp_dir_{"stepwatch-host-test"};
+  const fs::path root_{temp_dir_.path()};
 };
 
 TEST_F(HostSamplerTest, ReadsTheCapturedTree) {

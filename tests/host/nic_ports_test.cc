@@ -15,6 +15,8 @@
 namespace stepwatch::host {
 namespace {
 
+using test::StatusIs;
+
 namespace fs = std::filesystem;
 
 TEST(NicPortParseTest, StatesAsTheKernelWritesThem) {
@@ -24,7 +26,7 @@ TEST(NicPortParseTest, StatesAsTheKernelWritesThem) {
   EXPECT_EQ(*ParseIbPortState("3: Disabled"), 3u);
   EXPECT_EQ(*ParseIbPortState("2"), 2u);
   for (const char* bad : {"", "\n", "ACTIVE", ": ACTIVE", "-1: DOWN", "4x: ACTIVE", "99999: X"}) {
-    EXPECT_FALSE(ParseIbPortState(bad).ok()) << bad;
+    EXPECT_THAT(ParseIbPortState(bad), StatusIs(absl::StatusCode::kInvalidArgument)) << bad;
   }
 }
 
@@ -42,7 +44,7 @@ TEST(NicPortParseTest, RatesInBytesPerSecondWithWidth) {
   EXPECT_DOUBLE_EQ(bare->bytes_per_second, 12.5e9);
   EXPECT_FALSE(bare->link_width.has_value());
   for (const char* bad : {"", "fast", "Gb/sec", "-5 Gb/sec (4X)", "nan Gb/sec", "200 Mb/sec"}) {
-    EXPECT_FALSE(ParseIbRate(bad).ok()) << bad;
+    EXPECT_THAT(ParseIbRate(bad), StatusIs(absl::StatusCode::kInvalidArgument)) << bad;
   }
 }
 
@@ -50,7 +52,7 @@ TEST(NicPortParseTest, Counters) {
   EXPECT_EQ(*ParseSysfsCounter("0\n"), 0u);
   EXPECT_EQ(*ParseSysfsCounter("18446744073709551615\n"), 18446744073709551615u);
   for (const char* bad : {"", "-1", "12 34", "0x10", "18446744073709551616", "N/A\n"}) {
-    EXPECT_FALSE(ParseSysfsCounter(bad).ok()) << bad;
+    EXPECT_THAT(ParseSysfsCounter(bad), StatusIs(absl::StatusCode::kInvalidArgument)) << bad;
   }
 }
 

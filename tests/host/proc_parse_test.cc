@@ -12,6 +12,8 @@
 namespace stepwatch::host {
 namespace {
 
+using test::StatusIs;
+
 using ::testing::ElementsAre;
 using ::testing::Pair;
 
@@ -49,10 +51,10 @@ TEST(ParseProcStatTest, GuestTimeIsNotCountedTwice) {
 }
 
 TEST(ParseProcStatTest, RejectsBrokenInput) {
-  EXPECT_FALSE(ParseProcStat("").ok());
-  EXPECT_FALSE(ParseProcStat("intr 1 2 3\n").ok());
-  EXPECT_FALSE(ParseProcStat("cpu  1 2 x 4 5\n").ok());
-  EXPECT_FALSE(ParseProcStat("cpu  1 2\n").ok());
+  EXPECT_THAT(ParseProcStat(""), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParseProcStat("intr 1 2 3\n"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParseProcStat("cpu  1 2 x 4 5\n"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParseProcStat("cpu  1 2\n"), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(CpuUtilizationTest, FromDeltas) {
@@ -77,8 +79,8 @@ TEST(ParseMeminfoTest, OldKernelWithoutMemAvailable) {
   ASSERT_OK(m);
   EXPECT_EQ(m->total_bytes, 1024u * 1024);
   EXPECT_FALSE(m->available_bytes.has_value());
-  EXPECT_FALSE(ParseMeminfo("MemFree: 1 kB\n").ok());
-  EXPECT_FALSE(ParseMeminfo("MemTotal: lots kB\n").ok());
+  EXPECT_THAT(ParseMeminfo("MemFree: 1 kB\n"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParseMeminfo("MemTotal: lots kB\n"), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(ParseNetDevTest, CapturedMachineExcludesLoopback) {
@@ -100,16 +102,16 @@ TEST(ParseNetDevTest, SumsInterfacesAndHandlesCountersTouchingTheColon) {
   ASSERT_OK(n);
   EXPECT_EQ(n->receive_bytes, 12345678901234u + 1000);
   EXPECT_EQ(n->transmit_bytes, 3200u);
-  EXPECT_FALSE(ParseNetDev("").ok());
-  EXPECT_FALSE(ParseNetDev("eth0: 1 2 3\n").ok());
+  EXPECT_THAT(ParseNetDev(""), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParseNetDev("eth0: 1 2 3\n"), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(ParseResctrlCounterTest, NumberOrUnavailable) {
   absl::StatusOr<uint64_t> v = ParseResctrlCounter("8231157760\n");
   ASSERT_OK(v);
   EXPECT_EQ(*v, 8231157760u);
-  EXPECT_FALSE(ParseResctrlCounter("Unavailable\n").ok());
-  EXPECT_FALSE(ParseResctrlCounter("").ok());
+  EXPECT_THAT(ParseResctrlCounter("Unavailable\n"), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(ParseResctrlCounter(""), StatusIs(absl::StatusCode::kUnavailable));
 }
 
 TEST(ParsePerfFormatTest, Ranges) {
@@ -122,9 +124,9 @@ TEST(ParsePerfFormatTest, Ranges) {
   f = ParsePerfFormat("config:0-7,32-35");
   ASSERT_OK(f);
   EXPECT_THAT(f->bit_ranges, ElementsAre(Pair(0, 7), Pair(32, 35)));
-  EXPECT_FALSE(ParsePerfFormat("config1:0-7").ok());
-  EXPECT_FALSE(ParsePerfFormat("config:7-0").ok());
-  EXPECT_FALSE(ParsePerfFormat("config:0-64").ok());
+  EXPECT_THAT(ParsePerfFormat("config1:0-7"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParsePerfFormat("config:7-0"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParsePerfFormat("config:0-64"), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(ParsePerfEventConfigTest, PlacesTermsByFormat) {
@@ -141,21 +143,23 @@ TEST(ParsePerfEventConfigTest, PlacesTermsByFormat) {
   c = ParsePerfEventConfig("wide=0xab", formats);
   ASSERT_OK(c);
   EXPECT_EQ(*c, 0xbull | (0xaull << 32));
-  EXPECT_FALSE(ParsePerfEventConfig("event=0x04,mystery=1", formats).ok());
-  EXPECT_FALSE(ParsePerfEventConfig("event=zz", formats).ok());
+  EXPECT_THAT(ParsePerfEventConfig("event=0x04,mystery=1", formats),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParsePerfEventConfig("event=zz", formats),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(ParsePerfUnitBytesTest, Units) {
   EXPECT_DOUBLE_EQ(*ParsePerfUnitBytes("MiB\n"), 1048576.0);
   EXPECT_DOUBLE_EQ(*ParsePerfUnitBytes("B"), 1.0);
-  EXPECT_FALSE(ParsePerfUnitBytes("Joules").ok());
+  EXPECT_THAT(ParsePerfUnitBytes("Joules"), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(ParseFirstCpuTest, Masks) {
   EXPECT_EQ(*ParseFirstCpu("0\n"), 0);
   EXPECT_EQ(*ParseFirstCpu("18,54"), 18);
   EXPECT_EQ(*ParseFirstCpu("4-7"), 4);
-  EXPECT_FALSE(ParseFirstCpu("").ok());
+  EXPECT_THAT(ParseFirstCpu(""), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 }  // namespace

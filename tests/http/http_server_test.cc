@@ -245,7 +245,7 @@ TEST(HttpServerTest, RefusesAnAddressInUse) {
   HttpServerOptions options;
   options.listen = "127.0.0.1:" + std::to_string(first->port());
   auto second = HttpServer::Start(options, [](const HttpRequest&, HttpResponder) {});
-  EXPECT_TRUE(absl::IsUnavailable(second.status())) << second.status();
+  EXPECT_THAT(second, test::StatusIs(absl::StatusCode::kUnavailable));
   options.listen = "not an address";
   EXPECT_FALSE(HttpServer::Start(options, [](const HttpRequest&, HttpResponder) {}).ok());
 }

@@ -1,11 +1,9 @@
 #include "http/metrics_endpoint.h"
 
 #include <crypt.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -19,6 +17,7 @@
 #include "prometheus/metric_family.h"
 #include "tests/http/http_test_client.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace stepwatch::http {
 namespace {
@@ -112,24 +111,17 @@ TEST(MetricsEndpointTest, ConcurrentScrapesShareRenders) {
 class MetricsEndpointAuthTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char dir_template[] = "/tmp/metrics_endpoint_test.XXXXXX";
-    ASSERT_NE(mkdtemp(dir_template), nullptr);
-    dir_ = dir_template;
-    users_ = dir_ + "/users";
+    ASSERT_FALSE(dir_.path().empty());
     // Cost 4: a valid bcrypt hash that is quick to verify in a test.
     const char* salt = crypt_gensalt("$2b$", 4, nullptr, 0);
     ASSERT_NE(salt, nullptr);
     std::ofstream(users_) << "prometheus:" << crypt("scrape-secret", salt) << "\n";
   }
-  void TearDown() override {
-    std::remove(users_.c_str());
-    rmdir(dir_.c_str());
-  }
   static std::string Basic(const std::string& user_password) {
     return "Authorization: Basic " + absl::Base64Escape(user_password) + "\r\n";
   }
-  std::string dir_;
-  std::string users_;
+  const test::TempDir dir_{"stepwatch-metrics-endpoint"};
+  const std::string users_ = dir_.File("users");
 };
 
 TEST_F(MetricsEndpointAuthTest, AsksForAPasswordAndChecksIt) {
@@ -221,7 +213,7 @@ TEST_F(MetricsEndpointAuthTest, RefusesAFileWithoutBcryptHashes) {
   options.listen = "127.0.0.1:0";
   options.basic_auth_file = users_;
   auto endpoint = MetricsEndpoint::Start(options, std::make_shared<CountingCollectable>());
-  EXPECT_TRUE(absl::IsInvalidArgument(endpoint.status())) << endpoint.status();
+  EXPECT_THAT(endpoint, test::StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(MetricsEndpointShutdownTest, StopsWithOpenAndBusyConnections) {

@@ -126,6 +126,13 @@ class DemoTest(unittest.TestCase):
             r"agents: node-0 metrics (http://127\.0\.0\.1:\d+/metrics) \(every node: (\S+)\)"),
             timeout=60, interval=0.5, message="the agents' metrics address in the live view")
         config_path = hint.group(2)
+        # The live view (stepwatchctl serve) lists the demo's job and serves its page.
+        view = demo.search(r"live view in a browser: (http://127\.0\.0\.1:\d+)/ \(the job: (\S+)\)")
+        self.assertIsNotNone(view, "the live view's address in the hints")
+        wait_until(lambda: "llm-pretrain" in http_get(view.group(1) + "/", timeout=10), timeout=60,
+                   interval=0.5, message="the demo's job on the live view")
+        wait_until(lambda: 'id="heatmap"' in http_get(view.group(2), timeout=10), timeout=60,
+                   interval=0.5, message="the job's heatmap on its live page")
         with open(config_path) as f:
             config = f.read()
         collector_part, agent_part = config.split("job_name: stepwatch-agent")

@@ -1,9 +1,6 @@
 #include "security/tls_credentials.h"
 
-#include <unistd.h>
-
 #include <chrono>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -17,9 +14,13 @@
 #include "openssl/x509.h"
 #include "security/tls_errors.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace stepwatch::security {
 namespace {
+
+using test::TempDir;
+using ::testing::HasSubstr;
 
 struct Pem {
   std::string cert;
@@ -57,26 +58,13 @@ Pem SelfSigned(const char* common_name) {
   return {BioText(cert_bio), BioText(key_bio)};
 }
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/stepwatch-tls-test-XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() { std::system(absl::StrCat("rm -rf '", path_, "'").c_str()); }
-  std::string File(const std::string& name) const { return absl::StrCat(path_, "/", name); }
-
- private:
-  std::string path_;
-};
-
 TEST(CheckKeyCertPairTest, AcceptsAPairAndNamesTheFlagsOfAMismatch) {
   const Pem a = SelfSigned("a");
   const Pem b = SelfSigned("b");
   EXPECT_OK(CheckKeyCertPair(a.cert, a.key, "--tls-cert", "a.pem", "--tls-key", "a.key"));
   const absl::Status mismatch =
       CheckKeyCertPair(a.cert, b.key, "--tls-cert", "a.pem", "--tls-key", "b.key");
-  EXPECT_TRUE(absl::IsInvalidArgument(mismatch));
+  EXPECT_THAT(mismatch, test::StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_NE(mismatch.message().find("--tls-key=b.key"), std::string::npos) << mismatch;
   EXPECT_NE(mismatch.message().find("--tls-cert=a.pem"), std::string::npos) << mismatch;
   const absl::Status no_cert =
@@ -88,19 +76,20 @@ TEST(CheckKeyCertPairTest, AcceptsAPairAndNamesTheFlagsOfAMismatch) {
 }
 
 TEST(CheckedKeyCertPairTest, RefusesAMismatchAtStart) {
-  TempDir dir;
+  const TempDir dir("stepwatch-tls-test");
+  ASSERT_FALSE(dir.path().empty());
   const Pem a = SelfSigned("a");
   const Pem b = SelfSigned("b");
   ASSERT_OK(WriteFileAtomically(dir.File("cert.pem"), a.cert));
   ASSERT_OK(WriteFileAtomically(dir.File("key.pem"), b.key));
   auto pair = CheckedKeyCertPair::Start("--tls-cert", dir.File("cert.pem"), "--tls-key",
                                         dir.File("key.pem"), 0);
-  ASSERT_FALSE(pair.ok());
-  EXPECT_NE(pair.status().message().find("--tls-key="), std::string::npos) << pair.status();
+  EXPECT_THAT(pair, test::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--tls-key=")));
 }
 
 TEST(CheckedKeyCertPairTest, KeepsThePreviousPairWhileARotationIsHalfApplied) {
-  TempDir dir;
+  const TempDir dir("stepwatch-tls-test");
+  ASSERT_FALSE(dir.path().empty());
   const Pem a = SelfSigned("a");
   const Pem b = SelfSigned("b");
   ASSERT_OK(WriteFileAtomically(dir.File("cert.pem"), a.cert));

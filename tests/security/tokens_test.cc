@@ -1,35 +1,32 @@
 #include "security/tokens.h"
 
-#include <unistd.h>
-
-#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/file.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace stepwatch::security {
 namespace {
 
+using test::StatusIs;
+using ::testing::HasSubstr;
+
 constexpr char kAgentToken[] = "agent-token-0123456789";
 constexpr char kReaderToken[] = "reader-token-0123456789";
 
+// A token file in a private temporary directory, written atomically as an operator would.
 class TempFile {
  public:
-  TempFile() {
-    char tmpl[] = "/tmp/stepwatch-tokens-XXXXXX";
-    int fd = mkstemp(tmpl);
-    if (fd >= 0) close(fd);
-    path_ = tmpl;
-  }
-  ~TempFile() { unlink(path_.c_str()); }
+  TempFile() { EXPECT_FALSE(dir_.path().empty()); }
   const std::string& path() const { return path_; }
   void Write(const std::string& text) const { ASSERT_OK(WriteFileAtomically(path_, text)); }
 
  private:
-  std::string path_;
+  const test::TempDir dir_{"stepwatch-tokens"};
+  const std::string path_ = dir_.File("tokens");
 };
 
 TEST(ParseTokenFileTest, ReadsRolesCommentsAndBlankLines) {
@@ -45,14 +42,15 @@ TEST(ParseTokenFileTest, ReadsRolesCommentsAndBlankLines) {
 
 TEST(ParseTokenFileTest, RefusesBadLinesNamingThem) {
   auto unknown_role = ParseTokenFile(absl::StrCat("agent ", kAgentToken, "\nadmin ", kAgentToken));
-  ASSERT_FALSE(unknown_role.ok());
-  EXPECT_NE(unknown_role.status().message().find("line 2"), std::string::npos);
-  EXPECT_FALSE(ParseTokenFile("agent short").ok());
-  EXPECT_FALSE(ParseTokenFile(absl::StrCat(kAgentToken)).ok());  // no role
-  EXPECT_FALSE(ParseTokenFile("# nothing but comments\n").ok());
-  EXPECT_FALSE(
-      ParseTokenFile("agent \x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\x10")
-          .ok());
+  EXPECT_THAT(unknown_role, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 2")));
+  EXPECT_THAT(ParseTokenFile("agent short"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParseTokenFile(absl::StrCat(kAgentToken)),
+              StatusIs(absl::StatusCode::kInvalidArgument));  // no role
+  EXPECT_THAT(ParseTokenFile("# nothing but comments\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(
+      ParseTokenFile("agent \x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\x10"),
+      StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(TokenStoreTest, ChecksTokenAndRole) {
@@ -63,14 +61,15 @@ TEST(TokenStoreTest, ChecksTokenAndRole) {
   EXPECT_OK((*store)->Check(absl::StrCat("Bearer ", kAgentToken), Role::kAgent));
   EXPECT_OK((*store)->Check(absl::StrCat("Bearer ", kReaderToken), Role::kReader));
   // An agent token cannot query, a reader token cannot report.
-  EXPECT_TRUE(absl::IsPermissionDenied(
-      (*store)->Check(absl::StrCat("Bearer ", kAgentToken), Role::kReader)));
-  EXPECT_TRUE(absl::IsPermissionDenied(
-      (*store)->Check(absl::StrCat("Bearer ", kReaderToken), Role::kAgent)));
-  EXPECT_TRUE(absl::IsUnauthenticated((*store)->Check("", Role::kAgent)));
-  EXPECT_TRUE(absl::IsUnauthenticated((*store)->Check(kAgentToken, Role::kAgent)));  // no Bearer
-  EXPECT_TRUE(absl::IsUnauthenticated(
-      (*store)->Check(absl::StrCat("Bearer ", kAgentToken, "x"), Role::kAgent)));
+  EXPECT_THAT((*store)->Check(absl::StrCat("Bearer ", kAgentToken), Role::kReader),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT((*store)->Check(absl::StrCat("Bearer ", kReaderToken), Role::kAgent),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT((*store)->Check("", Role::kAgent), StatusIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_THAT((*store)->Check(kAgentToken, Role::kAgent),
+              StatusIs(absl::StatusCode::kUnauthenticated));  // no Bearer
+  EXPECT_THAT((*store)->Check(absl::StrCat("Bearer ", kAgentToken, "x"), Role::kAgent),
+              StatusIs(absl::StatusCode::kUnauthenticated));
 }
 
 TEST(TokenStoreTest, ReloadsWhenTheFileChangesAndKeepsTokensWhenItBreaks) {
@@ -81,8 +80,8 @@ TEST(TokenStoreTest, ReloadsWhenTheFileChangesAndKeepsTokensWhenItBreaks) {
   const std::string rotated = "agent-token-rotated-abcdef";
   file.Write(absl::StrCat("agent ", rotated, "\n"));  // atomic rename: a new inode
   EXPECT_OK((*store)->Check(absl::StrCat("Bearer ", rotated), Role::kAgent));
-  EXPECT_TRUE(
-      absl::IsUnauthenticated((*store)->Check(absl::StrCat("Bearer ", kAgentToken), Role::kAgent)));
+  EXPECT_THAT((*store)->Check(absl::StrCat("Bearer ", kAgentToken), Role::kAgent),
+              StatusIs(absl::StatusCode::kUnauthenticated));
   // A broken rewrite neither locks everyone out nor lets anyone in.
   file.Write("agent tooshort\n");
   EXPECT_OK((*store)->Check(absl::StrCat("Bearer ", rotated), Role::kAgent));
