@@ -4,6 +4,9 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "agent/peer_strings.h"
+#include "agent/spool.h"
+#include "agent/step_event_parser.h"
 #include "common/net.h"
 #include "metrics/node_metric_table.h"
 #include "prometheus/client_metric.h"
@@ -52,7 +55,7 @@ constexpr MetricType kCounter = MetricType::Counter;
 // metrics), then the metric's own labels.
 template <typename Metric, typename Sample>
 void AddTableSeries(const Metric& metric, const Sample& sample,
-                    std::vector<ClientMetric::Label> first, Families* f) {
+                    const std::vector<ClientMetric::Label>& first, Families* f) {
   metrics::ForEachSeries(metric, sample, [&](const std::vector<std::string>& values, double v) {
     std::vector<ClientMetric::Label> labels = first;
     for (size_t i = 0; i < values.size(); ++i) labels.push_back({metric.labels[i], values[i]});

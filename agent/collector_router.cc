@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "agent/cut_plan.h"
+#include "agent/peer_strings.h"
 
 namespace stepwatch::agent {
 namespace {
@@ -265,9 +266,10 @@ absl::Status CollectorRouter::Resolve(bool at_start) {
   return absl::OkStatus();
 }
 
-void CollectorRouter::StopLinks(std::vector<std::shared_ptr<Link>> links,
+void CollectorRouter::StopLinks(const std::vector<std::shared_ptr<Link>>& links,
                                 absl::Duration flush_timeout) {
   std::vector<std::thread> stoppers;
+  stoppers.reserve(links.size());
   for (const auto& link : links) {
     stoppers.emplace_back([link, flush_timeout] { link->impl->Stop(flush_timeout); });
   }

@@ -142,7 +142,7 @@ class CollectorRouter {
   absl::Status Resolve(bool at_start);
   absl::StatusOr<std::shared_ptr<Link>> MakeLink(const std::string& address, bool at_start);
   absl::Status LockSpoolRoot();
-  void StopLinks(std::vector<std::shared_ptr<Link>> links, absl::Duration flush_timeout);
+  void StopLinks(const std::vector<std::shared_ptr<Link>>& links, absl::Duration flush_timeout);
   // The links reachable now; all of them when none is (their buffers then hold the data).
   std::vector<std::string> Candidates(const Links& links) const;
   // `now`: the clock's MonotonicNow().

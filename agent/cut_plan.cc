@@ -55,13 +55,10 @@ CutPlan PlanCut(const CutPlanInput& in, CutContents cut) {
   };
   for (v1::StepEvent& e : cut.steps) {
     const std::vector<std::string>& o = owners_of(e.job());
-    for (size_t i = 0; i < o.size(); ++i) {
-      if (i + 1 == o.size()) {
-        part(o[i]).steps.push_back(std::move(e));
-      } else {
-        part(o[i]).steps.push_back(e);
-      }
-    }
+    if (o.empty()) continue;
+    // Copies for all owners but the last, which takes the event itself.
+    for (size_t i = 0; i + 1 < o.size(); ++i) part(o[i]).steps.push_back(e);
+    part(o.back()).steps.push_back(std::move(e));
   }
   for (const v1::RankExit& x : cut.rank_exits) {
     for (const std::string& a : owners_of(x.job())) part(a).rank_exits.push_back(x);

@@ -14,12 +14,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "agent/agent_metrics.h"
+#include "agent/backoff.h"
 #include "agent/collector_link.h"
 #include "agent/collector_router.h"
 #include "agent/ingest_server.h"
 #include "agent/kubelet_pods.h"
 #include "agent/node_reading.h"
 #include "agent/peer_strings.h"
+#include "agent/rank_owners.h"
+#include "agent/spool.h"
 #include "common/clock.h"
 #include "common/collectors.h"
 #include "common/flags.h"
@@ -30,9 +33,12 @@
 #include "common/version.h"
 #include "gpu/gpu_source.h"
 #include "host/host_sampler.h"
+#include "http/metrics_endpoint.h"
 #include "http/metrics_endpoint_flags.h"
 #include "security/client_security.h"
 #include "security/tls_client_flags.h"
+#include "security/tls_credentials.h"
+#include "security/tls_errors.h"
 #include "security/tls_flags.h"
 
 ABSL_FLAG(std::string, collector, "127.0.0.1:7070",
@@ -249,7 +255,9 @@ absl::StatusOr<std::unique_ptr<stepwatch::agent::MetricsServer>> StartMetrics(
   sources.ingest = [ingest] { return ingest->stats(); };
   sources.collectors = [router] { return router->stats(); };
   sources.samples = [router] { return router->LatestSamples(); };
-  if (identity != nullptr) sources.tls = [identity] { return identity->stats(); };
+  if (identity != nullptr) {
+    sources.tls = [identity = std::move(identity)] { return identity->stats(); };
+  }
   stepwatch::http::MetricsEndpointOptions endpoint =
       stepwatch::http::MetricsEndpointOptionsFromFlags();
   endpoint.listen = metrics_listen;

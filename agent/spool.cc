@@ -124,7 +124,8 @@ std::optional<BootFile> ParseBootFile(absl::string_view text) {
 bool DiskFull(const std::string& dir) {
   struct statvfs vfs;
   if (::statvfs(dir.c_str(), &vfs) != 0) return false;
-  return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < 64 * 1024 || vfs.f_favail == 0;
+  return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize < uint64_t{64} * 1024 ||
+         vfs.f_favail == 0;
 }
 
 // Overwrites the existing file `path` with `text` in place: no new block is needed when the file
@@ -141,6 +142,33 @@ absl::Status RewriteInPlace(const std::string& path, absl::string_view text) {
   }
   ::close(fd);
   return st;
+}
+
+// The complete batch files in `dir` (seq -> path, in seq order); removes the partial files a
+// killed writer left behind.
+absl::StatusOr<std::map<uint64_t, std::string>> ListBatchFiles(const std::string& dir) {
+  std::map<uint64_t, std::string> names;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (absl::StartsWith(name, "boot.tmp.")) {
+      // A boot file write a killed process left: on a full disk it holds the space needed.
+      std::filesystem::remove(it->path(), ec);
+      ec.clear();
+    } else if (SeqOfName(name, ".tmp") != 0) {
+      // Never renamed into place: the writer died before the batch was complete or sent.
+      std::filesystem::remove(it->path(), ec);
+      ec.clear();
+    } else if (const uint64_t seq = SeqOfName(name, ".swb"); seq != 0) {
+      names[seq] = it->path().string();
+    }
+  }
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot list spool directory ", dir, ": ", ec.message()));
+  }
+  return names;
 }
 
 }  // namespace
@@ -214,32 +242,14 @@ absl::Status Spool::Load() {
         absl::StrCat("cannot read the spool's boot file: ", text.status().message()));
   }
 
-  std::map<uint64_t, std::string> names;  // seq -> path, in seq order
-  std::error_code ec;
-  std::filesystem::directory_iterator it(options_.dir, ec);
-  for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (absl::StartsWith(name, "boot.tmp.")) {
-      // A boot file write a killed process left: on a full disk it holds the space needed.
-      std::filesystem::remove(it->path(), ec);
-      ec.clear();
-    } else if (SeqOfName(name, ".tmp") != 0) {
-      // Never renamed into place: the writer died before the batch was complete or sent.
-      std::filesystem::remove(it->path(), ec);
-      ec.clear();
-    } else if (const uint64_t seq = SeqOfName(name, ".swb"); seq != 0) {
-      names[seq] = it->path().string();
-    }
-  }
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot list spool directory ", options_.dir, ": ", ec.message()));
-  }
+  absl::StatusOr<std::map<uint64_t, std::string>> names = ListBatchFiles(options_.dir);
+  if (!names.ok()) return names.status();
 
   boot_id_ = boot ? boot->boot_id : "";
   uint64_t max_seq = boot ? boot->reserved : 0;
   std::map<uint64_t, uint64_t> sizes;
-  for (const auto& [seq, path] : names) {
+  std::error_code ec;
+  for (const auto& [seq, path] : *names) {
     absl::StatusOr<std::string> data = ReadFile(path, kMaxRecordBytes + kHeaderBytes);
     auto batch = std::make_shared<v1::ReportBatch>();
     bool ok = data.ok() && data->size() >= kHeaderBytes &&

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/json.h"
+#include "common/step_event_rules.h"
 
 namespace stepwatch::agent {
 

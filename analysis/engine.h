@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "analysis/health.h"
 
 namespace stepwatch::analysis {
@@ -354,17 +355,17 @@ struct EngineOptions {
   // Steps of history kept per job and rank (bounds memory per rank).
   int window_steps = 64;
   // A step is complete when all ranks reported or this much later than its first report.
-  int64_t step_grace_nanos = 5'000'000'000;
-  // Underutilization: below `underutil_threshold` for `underutil_window_nanos`.
+  absl::Duration step_grace = absl::Seconds(5);
+  // Underutilization: below `underutil_threshold` for `underutil_window`.
   double underutil_threshold = 0.5;
-  int64_t underutil_window_nanos = 30'000'000'000;
+  absl::Duration underutil_window = absl::Seconds(30);
   // Scaling efficiency below this is a finding.
   double scaling_threshold = 0.8;
   // A sustained step-time shift of this fraction or more is a regression.
   double regression_threshold = 0.10;
-  // Stall: no progress for stall_multiple x median step, and at least stall_floor_nanos.
+  // Stall: no progress for stall_multiple x median step, and at least stall_floor.
   double stall_multiple = 10;
-  int64_t stall_floor_nanos = 30'000'000'000;
+  absl::Duration stall_floor = absl::Seconds(30);
   // Limits; AddStep returns ResourceExhausted when one would be exceeded.
   int max_jobs = 1000;
   int max_ranks_per_job = 100000;
@@ -437,10 +438,10 @@ struct EngineOptions {
   int slow_node_min_ranks = 2;
   double slow_node_clear_share = 0.5;
   // Hardware health (analysis/health_tracker.h): counters are judged by their rise over the last
-  // health_window_nanos (an Xid event is a fault for that long after it); a rise of at least this
+  // health_window (an Xid event is a fault for that long after it); a rise of at least this
   // many NVLink errors, PCIe replays or network port errors in the window is a fault. A PCIe link
   // under its maximum counts only while the GPU is busier than underutil_threshold.
-  int64_t health_window_nanos = 300'000'000'000;
+  absl::Duration health_window = absl::Minutes(5);
   int64_t nvlink_error_rise = 10;
   int64_t pcie_replay_rise = 100;
   int64_t nic_error_rise = 10;

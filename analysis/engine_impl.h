@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "analysis/detector.h"
 #include "analysis/detectors/scaling.h"
 #include "analysis/engine.h"
@@ -31,6 +32,7 @@ class Engine::Impl {
  public:
   explicit Impl(EngineOptions options)
       : opt_(Normalized(std::move(options))),
+        step_grace_nanos_(absl::ToInt64Nanoseconds(opt_.step_grace)),
         detectors_(MakeDetectors()),
         clock_(detectors_.size()) {
     for (size_t i = 0; i < detectors_.size(); ++i) {
@@ -140,6 +142,7 @@ class Engine::Impl {
   static void IndexSections(JobRecord& job, const StepEvent& s, Pending* p, Entry* e);
 
   EngineOptions opt_;
+  int64_t step_grace_nanos_;  // opt_.step_grace, for comparing receipt times
   Registry registry_;
   std::vector<std::unique_ptr<Detector>> detectors_;
   // Positions in detectors_ of those that implement each group of calls (Detector::Hook).

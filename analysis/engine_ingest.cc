@@ -49,7 +49,7 @@ absl::Status Engine::Impl::AddValidatedStep(const StepEvent& s) {
   const RankInfo& r = job.ranks[s.rank];
   if (r.present && s.step <= r.last_step) {
     // A duplicate or an old resend, unless the job went back far: a restart from a checkpoint.
-    if (s.step >= r.last_step - 2 * opt_.window_steps) return absl::OkStatus();
+    if (s.step >= r.last_step - int64_t{2} * opt_.window_steps) return absl::OkStatus();
     ResetJob(job, s.world_size);
   }
   RankInfo& rank = job.ranks.Mutable(s.rank);
@@ -136,7 +136,7 @@ void Engine::Impl::ResetJob(JobRecord& job, int world_size) {
 void Engine::Impl::ExpirePending(JobRecord& job, int64_t now) {
   while (!job.pending.empty()) {
     auto first = job.pending.begin();
-    bool expired = first->second.first_nanos + opt_.step_grace_nanos <= now;
+    bool expired = first->second.first_nanos + step_grace_nanos_ <= now;
     bool too_many = static_cast<int>(job.pending.size()) > opt_.max_pending_steps;
     if (!expired && !too_many) break;
     CompleteThrough(job, first->first);

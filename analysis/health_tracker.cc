@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "analysis/health.h"
 
 namespace stepwatch::analysis {
@@ -81,12 +82,8 @@ void GpuHealthTracker::Hold(Cause cause, Severity severity, std::string evidence
   AddFault(faults_, now, cause, severity, std::move(evidence), "", next);
 }
 
-void GpuHealthTracker::Update(const GpuSample& x, const EngineOptions& opt) {
-  const GpuHealth& h = x.health;
-  const int64_t now = x.sampled_unix_nanos;
-  const int64_t window = opt.health_window_nanos;
-  std::vector<HealthFault> next;
-
+void GpuHealthTracker::UpdateXids(const GpuHealth& h, int64_t now, int64_t window,
+                                  std::vector<HealthFault>* next) {
   // Xid events: the agent counts them per code since it started. On the first reading a count
   // whose last event is within the window is new (the collector may have started after it).
   for (const XidCount& e : h.xids) {
@@ -113,9 +110,50 @@ void GpuHealthTracker::Update(const GpuSample& x, const EngineOptions& opt) {
          absl::StrFormat("Xid %u (%s%s), %u event%s", it->first, c.meaning,
                          c.hardware ? "" : "; raised by the application, not a hardware fault",
                          events, events == 1 ? "" : "s"),
-         now, &next);
+         now, next);
     ++it;
   }
+}
+
+void GpuHealthTracker::UpdateNvlinks(const GpuHealth& h, int64_t now, const EngineOptions& opt,
+                                     std::vector<HealthFault>* next) {
+  // NVLinks: a link that was up and is down now; errors summed over the links.
+  uint64_t errors = 0;
+  bool any_errors = false;
+  std::string down;
+  for (const NvLinkHealth& l : h.nvlinks) {
+    if (l.link < 0 || static_cast<size_t>(l.link) >= link_was_up_.size()) continue;
+    if (l.up) {
+      link_was_up_[l.link] = true;
+    } else if (link_was_up_[l.link]) {
+      absl::StrAppend(&down, down.empty() ? "" : ", ", l.link);
+    }
+    if (l.errors_total) {
+      errors += *l.errors_total;
+      any_errors = true;
+    }
+  }
+  if (!down.empty()) {
+    Hold(Cause::kNvlinkDown, Severity::kCritical, absl::StrCat("NVLink ", down, " down"), now,
+         next);
+  }
+  if (any_errors) {
+    const int64_t window = absl::ToInt64Nanoseconds(opt.health_window);
+    const uint64_t rise = nvlink_errors_.Add(now, errors, window);
+    if (rise >= static_cast<uint64_t>(opt.nvlink_error_rise)) {
+      Hold(Cause::kNvlinkErrors, Severity::kWarning,
+           absl::StrFormat("%u NVLink errors in %.0f min", rise, window / 60e9), now, next);
+    }
+  }
+}
+
+void GpuHealthTracker::Update(const GpuSample& x, const EngineOptions& opt) {
+  const GpuHealth& h = x.health;
+  const int64_t now = x.sampled_unix_nanos;
+  const int64_t window = absl::ToInt64Nanoseconds(opt.health_window);
+  std::vector<HealthFault> next;
+
+  UpdateXids(h, now, window, &next);
 
   if (h.ecc_uncorrected_total) {
     // Volatile counts restart with the driver; the first reading's count is history.
@@ -136,33 +174,7 @@ void GpuHealthTracker::Update(const GpuSample& x, const EngineOptions& opt) {
          "a row remap is pending until the GPU is reset", now, &next);
   }
 
-  // NVLinks: a link that was up and is down now; errors summed over the links.
-  uint64_t errors = 0;
-  bool any_errors = false;
-  std::string down;
-  for (const NvLinkHealth& l : h.nvlinks) {
-    if (l.link < 0 || static_cast<size_t>(l.link) >= link_was_up_.size()) continue;
-    if (l.up) {
-      link_was_up_[l.link] = true;
-    } else if (link_was_up_[l.link]) {
-      absl::StrAppend(&down, down.empty() ? "" : ", ", l.link);
-    }
-    if (l.errors_total) {
-      errors += *l.errors_total;
-      any_errors = true;
-    }
-  }
-  if (!down.empty()) {
-    Hold(Cause::kNvlinkDown, Severity::kCritical, absl::StrCat("NVLink ", down, " down"), now,
-         &next);
-  }
-  if (any_errors) {
-    const uint64_t rise = nvlink_errors_.Add(now, errors, window);
-    if (rise >= static_cast<uint64_t>(opt.nvlink_error_rise)) {
-      Hold(Cause::kNvlinkErrors, Severity::kWarning,
-           absl::StrFormat("%u NVLink errors in %.0f min", rise, window / 60e9), now, &next);
-    }
-  }
+  UpdateNvlinks(h, now, opt, &next);
 
   // PCIe: a link trained under its maximum means a fault only while the GPU is busy (idle GPUs
   // train down to save power).
@@ -195,7 +207,7 @@ void GpuHealthTracker::Update(const GpuSample& x, const EngineOptions& opt) {
 
 void NicHealthTracker::Update(const HostSample& x, const EngineOptions& opt) {
   const int64_t now = x.sampled_unix_nanos;
-  const int64_t window = opt.health_window_nanos;
+  const int64_t window = absl::ToInt64Nanoseconds(opt.health_window);
   std::vector<HealthFault> next;
   auto hold = [&](const std::string& device, Cause cause, Severity severity, std::string evidence) {
     AddFault(faults_, now, cause, severity, std::move(evidence), device, &next);

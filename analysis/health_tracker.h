@@ -1,6 +1,6 @@
 // Hardware faults from health readings. A GPU's or a node's counters are totals kept by the driver
 // since it loaded, so a tracker remembers what the first reading it saw said (history, not a
-// fault) and keeps a few checkpoints over the last EngineOptions::health_window_nanos: a counter
+// fault) and keeps a few checkpoints over the last EngineOptions::health_window: a counter
 // is a fault when it rose by its limit within the window, and stays one until the window holds
 // no such rise. States (a link down, a remap pending) are faults as they are. Readings come
 // roughly once per second per GPU; the checkpoints are coarse (a tenth of the window apart), so a
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "analysis/engine.h"
+#include "analysis/health.h"
 
 namespace stepwatch::analysis {
 
@@ -56,6 +57,10 @@ class GpuHealthTracker {
   // Keeps the fault's start while it lasts.
   void Hold(Cause cause, Severity severity, std::string evidence, int64_t now,
             std::vector<HealthFault>* next) const;
+  // The parts of Update: Xid events, and NVLinks (down links and the rise of their errors).
+  void UpdateXids(const GpuHealth& h, int64_t now, int64_t window, std::vector<HealthFault>* next);
+  void UpdateNvlinks(const GpuHealth& h, int64_t now, const EngineOptions& opt,
+                     std::vector<HealthFault>* next);
 
   bool seen_ = false;
   std::optional<uint64_t> ecc_first_;

@@ -242,7 +242,7 @@ CollectorState::NodeTrack* CollectorState::TouchNode(const v1::ReportBatch& batc
       HitLimit("nodes");
       return nullptr;
     }
-    NodeView view;
+    NodeSnapshot view;
     view.node = name;
     view.agent_id = batch.agent_id();
     if (take_info) view.info = batch.node();

@@ -322,7 +322,7 @@ void DedupeJournal::WhenSynced(uint64_t position, GroupCommitter::Done done) {
   done(SyncTo(position));
 }
 
-BatchDeduper::BatchDeduper(DeduperOptions options) : options_(options) {
+BatchDeduper::BatchDeduper(DeduperOptions options) : options_(std::move(options)) {
   options_.max_streams = std::max<size_t>(options_.max_streams, 1);
   options_.max_pending_per_stream = std::max<size_t>(options_.max_pending_per_stream, 1);
 }

@@ -58,7 +58,7 @@ float MeanOrUnknown(double sum, int n) { return n > 0 ? static_cast<float>(sum /
 
 TimelineSample MakeTimelineSample(const analysis::JobSnapshot& job,
                                   const std::vector<analysis::RankSnapshot>& ranks,
-                                  const std::vector<NodeView>& nodes, int max_rank_rows,
+                                  const std::vector<NodeSnapshot>& nodes, int max_rank_rows,
                                   int64_t now) {
   TimelineSample s;
   s.unix_nanos = now;
@@ -116,9 +116,9 @@ TimelineSample MakeTimelineSample(const analysis::JobSnapshot& job,
   std::sort(s.nodes.begin(), s.nodes.end(),
             [](const auto& a, const auto& b) { return a.node < b.node; });
   for (TimelineSample::Node& n : s.nodes) {
-    auto it =
-        std::lower_bound(nodes.begin(), nodes.end(), n.node,
-                         [](const NodeView& v, const std::string& key) { return v.node < key; });
+    auto it = std::lower_bound(
+        nodes.begin(), nodes.end(), n.node,
+        [](const NodeSnapshot& v, const std::string& key) { return v.node < key; });
     if (it == nodes.end() || it->node != n.node) continue;
     double util = 0, sm = 0;
     int util_n = 0, sm_n = 0;
@@ -155,8 +155,8 @@ bool JobTimeline::Due(int64_t last_step, int64_t now) const {
 
 bool JobTimeline::Sample(const analysis::JobSnapshot& job,
                          const std::vector<analysis::RankSnapshot>& ranks,
-                         const std::vector<NodeView>& nodes, int64_t now, int64_t job_first_step,
-                         int64_t job_start_unix_nanos) {
+                         const std::vector<NodeSnapshot>& nodes, int64_t now,
+                         int64_t job_first_step, int64_t job_start_unix_nanos) {
   if (!Due(job.last_step, now)) return false;
   Add(MakeTimelineSample(job, ranks, nodes, options_.max_rank_rows, now), job_first_step,
       job_start_unix_nanos);
@@ -374,14 +374,16 @@ void JobTimeline::Recount() {
     return;
   }
   int64_t b = sizeof(*this) + VectorBytes(columns_);
-  for (const std::string& name : section_names_) b += sizeof(name) + name.capacity();
+  for (const std::string& name : section_names_) b += sizeof(std::string) + name.capacity();
   for (const auto& [rank, row] : ranks_) {
     b += kMapNodeBytes + sizeof(rank) + sizeof(row) + row.node.capacity();
     b += VectorBytes(row.busy) + VectorBytes(row.flagged) + VectorBytes(row.sections);
-    for (const std::vector<float>& v : row.sections) b += VectorBytes(v) - sizeof(v);
+    for (const std::vector<float>& v : row.sections) {
+      b += VectorBytes(v) - static_cast<int64_t>(sizeof(std::vector<float>));
+    }
   }
   for (const auto& [name, row] : nodes_) {
-    b += kMapNodeBytes + sizeof(name) + name.capacity() + sizeof(row);
+    b += kMapNodeBytes + sizeof(std::string) + name.capacity() + sizeof(row);
     b += VectorBytes(row.busy) + VectorBytes(row.gpu_utilization) + VectorBytes(row.sm_active);
   }
   bytes_ = b;

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "analysis/engine.h"
-#include "collector/published_view.h"
+#include "collector/published_state.h"
 #include "stepwatch/v1/stepwatch.pb.h"
 
 namespace stepwatch::collector {
@@ -37,7 +37,7 @@ struct JobTimelineOptions {
   int64_t initial_sample_interval_nanos = 1'000'000'000;
 };
 
-// One sample of a job, built from the published view outside every lock (the pass over all of
+// One sample of a job, built from the published state outside every lock (the pass over all of
 // the job's ranks happens here), then recorded by JobTimeline::Add.
 struct TimelineSample {
   struct Rank {
@@ -76,7 +76,7 @@ struct TimelineSample {
 // StateSnapshot::nodes): each node's GPU readings are the means over its GPUs' last samples.
 TimelineSample MakeTimelineSample(const analysis::JobSnapshot& job,
                                   const std::vector<analysis::RankSnapshot>& ranks,
-                                  const std::vector<NodeView>& nodes, int max_rank_rows,
+                                  const std::vector<NodeSnapshot>& nodes, int max_rank_rows,
                                   int64_t now_unix_nanos);
 
 class JobTimeline {
@@ -93,7 +93,7 @@ class JobTimeline {
   void Add(const TimelineSample& sample, int64_t job_first_step, int64_t job_start_unix_nanos);
   // Due, then MakeTimelineSample and Add; true when a sample was taken.
   bool Sample(const analysis::JobSnapshot& job, const std::vector<analysis::RankSnapshot>& ranks,
-              const std::vector<NodeView>& nodes, int64_t now_unix_nanos,
+              const std::vector<NodeSnapshot>& nodes, int64_t now_unix_nanos,
               int64_t job_first_step = -1, int64_t job_start_unix_nanos = 0);
   // The job ended: its last column extends to its last step and end time.
   void Close(int64_t last_step, int64_t end_unix_nanos);

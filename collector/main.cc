@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "collector/server.h"
 #include "common/clock.h"
 #include "common/flags.h"
@@ -308,13 +309,13 @@ stepwatch::analysis::EngineOptions EngineOptionsFromFlags() {
   e.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   e.max_ranks_per_job = absl::GetFlag(FLAGS_max_ranks_per_job);
   e.window_steps = absl::GetFlag(FLAGS_window_steps);
-  e.step_grace_nanos = SecondsToNanos(absl::GetFlag(FLAGS_step_grace));
+  e.step_grace = absl::Nanoseconds(SecondsToNanos(absl::GetFlag(FLAGS_step_grace)));
   e.underutil_threshold = absl::GetFlag(FLAGS_underutil_threshold);
-  e.underutil_window_nanos = SecondsToNanos(absl::GetFlag(FLAGS_underutil_window));
+  e.underutil_window = absl::Nanoseconds(SecondsToNanos(absl::GetFlag(FLAGS_underutil_window)));
   e.scaling_threshold = absl::GetFlag(FLAGS_scaling_threshold);
   e.regression_threshold = absl::GetFlag(FLAGS_regression_threshold);
   e.stall_multiple = absl::GetFlag(FLAGS_stall_multiple);
-  e.stall_floor_nanos = SecondsToNanos(absl::GetFlag(FLAGS_stall_floor));
+  e.stall_floor = absl::Nanoseconds(SecondsToNanos(absl::GetFlag(FLAGS_stall_floor)));
   e.straggler_window = absl::GetFlag(FLAGS_straggler_window);
   e.straggler_rel_margin = absl::GetFlag(FLAGS_straggler_margin);
   e.straggler_abs_margin_seconds = absl::GetFlag(FLAGS_straggler_min_seconds);

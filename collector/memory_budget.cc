@@ -58,7 +58,7 @@ int64_t RankBytes(const MemoryCosts& costs, const std::string& job, const std::s
   return costs.rank + StringHeapBytes(job) + StringHeapBytes(node);
 }
 
-int64_t NodeTextBytes(const NodeView& v) {
+int64_t NodeTextBytes(const NodeSnapshot& v) {
   return kNodeNameCopies * StringHeapBytes(v.node) + StringHeapBytes(v.agent_id) +
          KeptBytes(v.info) + (v.host.has_value() ? KeptBytes(*v.host) : 0);
 }

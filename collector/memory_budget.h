@@ -7,7 +7,7 @@
 #include <string>
 
 #include "analysis/engine.h"
-#include "collector/published_view.h"
+#include "collector/published_state.h"
 #include "stepwatch/v1/stepwatch.pb.h"
 
 namespace stepwatch::collector {
@@ -32,7 +32,7 @@ int64_t NewJobBytes(const MemoryCosts& costs, const std::string& job, const std:
 int64_t RankBytes(const MemoryCosts& costs, const std::string& job, const std::string& node);
 // What a node's strings take beyond MemoryCosts::node: its name (map key, view, node info, the
 // engine's records), agent id, node info and host sample.
-int64_t NodeTextBytes(const NodeView& view);
+int64_t NodeTextBytes(const NodeSnapshot& view);
 // What a GPU of `node` is charged: MemoryCosts::gpu, its kept strings and lists, and the engine's
 // copy of the node name.
 int64_t GpuBytes(const MemoryCosts& costs, const v1::GpuSample& sample, const std::string& node);

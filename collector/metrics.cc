@@ -263,7 +263,7 @@ void AddTableSeries(const Metric& m, const std::string& name, const Sample& samp
 
 // A node whose series are exported, and which of them.
 struct ExportedNode {
-  const NodeView* view = nullptr;
+  const NodeSnapshot* view = nullptr;
   // Its host and GPU readings; without them only its up and last-seen series (a quiet node).
   bool readings = true;
   // The GPUs whose readings are exported; null: every GPU of the node.
@@ -282,10 +282,10 @@ std::vector<ExportedNode> NodesToExport(const StateSnapshot& s, const MetricsOpt
   std::vector<ExportedNode> out;
   if (o.export_node_metrics == NodeMetricsExport::kAll) {
     out.reserve(s.nodes.size());
-    for (const NodeView& n : s.nodes) out.push_back({&n, true, nullptr});
+    for (const NodeSnapshot& n : s.nodes) out.push_back({&n, true, nullptr});
     return out;
   }
-  for (const NodeView& n : s.nodes) {
+  for (const NodeSnapshot& n : s.nodes) {
     const bool quiet = s.now_unix_nanos - n.last_seen_unix_nanos > s.node_down_nanos;
     auto it = involved.find(n.node);
     if (it != involved.end()) {
@@ -322,7 +322,7 @@ void AddGpuMetrics(const std::vector<ExportedNode>& nodes, metrics::Importance i
 void AddNodes(const StateSnapshot& s, const std::vector<ExportedNode>& nodes, Builder* b) {
   b->SetGroup("node");
   for (const ExportedNode& e : nodes) {
-    const NodeView& n = *e.view;
+    const NodeSnapshot& n = *e.view;
     const bool up = s.now_unix_nanos - n.last_seen_unix_nanos <= s.node_down_nanos;
     b->Gauge("stepwatch_node_up", "1 while the node's agent reports, 0 when it went quiet.",
              {{"node", n.node}}, up ? 1 : 0);
@@ -335,7 +335,7 @@ void AddNodes(const StateSnapshot& s, const std::vector<ExportedNode>& nodes, Bu
       b->DropCurrent(2);
       continue;
     }
-    const NodeView& n = *e.view;
+    const NodeSnapshot& n = *e.view;
     const Labels node{{"node", n.node}};
     b->Gauge("stepwatch_node_last_seen_timestamp_seconds",
              "When the node's agent last reported, Unix seconds.", node,
@@ -346,7 +346,7 @@ void AddNodes(const StateSnapshot& s, const std::vector<ExportedNode>& nodes, Bu
   AddGpuMetrics(nodes, metrics::Importance::kNormal, b);
   b->SetGroup("host");
   for (const ExportedNode& e : nodes) {
-    const NodeView& n = *e.view;
+    const NodeSnapshot& n = *e.view;
     if (!e.readings || !n.host.has_value()) continue;
     for (const metrics::HostMetric& m : metrics::HostMetrics()) {
       if (!metrics::CollectorExports(m)) continue;

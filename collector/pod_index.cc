@@ -110,11 +110,11 @@ PodNames PodIndex::Shared(absl::string_view job, const std::vector<int>& ranks) 
   return shared;
 }
 
-GpuPodLookup GpuPodsOf(const std::vector<NodeView>& nodes) {
+GpuPodLookup GpuPodsOf(const std::vector<NodeSnapshot>& nodes) {
   return [&nodes](absl::string_view node, int gpu) -> const v1::KubernetesPod* {
-    auto it =
-        std::lower_bound(nodes.begin(), nodes.end(), node,
-                         [](const NodeView& n, absl::string_view name) { return n.node < name; });
+    auto it = std::lower_bound(
+        nodes.begin(), nodes.end(), node,
+        [](const NodeSnapshot& n, absl::string_view name) { return n.node < name; });
     if (it == nodes.end() || it->node != node) return nullptr;
     for (const v1::GpuSample& g : it->gpus) {
       if (g.index() == gpu) return g.has_kubernetes_pod() ? &g.kubernetes_pod() : nullptr;

@@ -13,7 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "analysis/engine.h"
 #include "collector/convert.h"
-#include "collector/published_view.h"
+#include "collector/published_state.h"
 #include "stepwatch/v1/stepwatch.pb.h"
 
 namespace stepwatch::collector {
@@ -62,7 +62,7 @@ class PodIndex {
 // The GPU's pod from its node's last sample, or null.
 using GpuPodLookup = std::function<const v1::KubernetesPod*(absl::string_view node, int gpu)>;
 // A GpuPodLookup over nodes ordered by name (StateSnapshot::nodes); `nodes` must outlive it.
-GpuPodLookup GpuPodsOf(const std::vector<NodeView>& nodes);
+GpuPodLookup GpuPodsOf(const std::vector<NodeSnapshot>& nodes);
 
 // A finding's pod: its rank's, else its GPU's, else what its ranks share (a finding about no
 // rank in particular: every rank of its job). Null `ranks`: no rank is attributed.

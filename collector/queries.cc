@@ -14,8 +14,8 @@ namespace stepwatch::collector {
 namespace {
 
 // A finding as answered: with its Kubernetes pod when known.
-void FindingToProto(const PublishedView& view, const GpuPodLookup& gpus, const analysis::Finding& f,
-                    v1::Finding* out) {
+void FindingToProto(const PublishedState& view, const GpuPodLookup& gpus,
+                    const analysis::Finding& f, v1::Finding* out) {
   ToProto(f, out);
   const PodNames pod = AttributeFinding(f, view.snapshot.rank_pods.get(), gpus);
   if (!pod.empty()) SetKubernetesPod(pod, out->mutable_kubernetes_pod());
@@ -23,7 +23,7 @@ void FindingToProto(const PublishedView& view, const GpuPodLookup& gpus, const a
 
 }  // namespace
 
-v1::StatusResponse StatusAnswer(const PublishedView& view, int64_t max_answer_bytes) {
+v1::StatusResponse StatusAnswer(const PublishedState& view, int64_t max_answer_bytes) {
   v1::StatusResponse out;
   for (const analysis::JobSnapshot& job : view.snapshot.jobs) {
     auto it = view.findings_per_job.find(job.job);
@@ -33,7 +33,7 @@ v1::StatusResponse StatusAnswer(const PublishedView& view, int64_t max_answer_by
   // gRPC send limit (the last nodes are left out, and logged, beyond it).
   size_t bytes = out.ByteSizeLong();
   size_t omitted = 0;
-  for (const NodeView& n : view.snapshot.nodes) {
+  for (const NodeSnapshot& n : view.snapshot.nodes) {
     if (bytes > static_cast<size_t>(std::max<int64_t>(0, max_answer_bytes))) {
       ++omitted;
       continue;
@@ -67,7 +67,7 @@ v1::StatusResponse StatusAnswer(const PublishedView& view, int64_t max_answer_by
   return out;
 }
 
-v1::FindingsResponse FindingsAnswer(const PublishedView& view, absl::string_view job,
+v1::FindingsResponse FindingsAnswer(const PublishedState& view, absl::string_view job,
                                     int64_t max_answer_bytes) {
   v1::FindingsResponse out;
   // Ordered by job, kind, rank: beyond max_answer_bytes the rest are left out (and logged).
@@ -91,7 +91,7 @@ v1::FindingsResponse FindingsAnswer(const PublishedView& view, absl::string_view
   return out;
 }
 
-absl::StatusOr<v1::ExplainResponse> ExplainAnswer(const PublishedView& view,
+absl::StatusOr<v1::ExplainResponse> ExplainAnswer(const PublishedState& view,
                                                   absl::string_view job) {
   v1::ExplainResponse out;
   const std::vector<analysis::JobSnapshot>& jobs = view.snapshot.jobs;
@@ -142,8 +142,9 @@ absl::Status ReportAnswer(const ReportStore& reports, absl::string_view job,
     return absl::OkStatus();
   }
   absl::StatusOr<v1::JobReport> report = reports.Get(job);
-  if (report.ok()) *response->mutable_report() = *std::move(report);
-  return report.status();
+  if (!report.ok()) return report.status();
+  *response->mutable_report() = *std::move(report);
+  return absl::OkStatus();
 }
 
 }  // namespace stepwatch::collector

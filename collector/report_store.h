@@ -10,7 +10,7 @@
 // again).
 //
 // Each running job's report also records the job over time (JobReport.timeline, see
-// collector/job_timeline.h), sampled from the published view once per tick; a finished report
+// collector/job_timeline.h), sampled from the published state once per tick; a finished report
 // keeps it, and running reports carry it across a restart.
 //
 // Thread-safe. The collector feeds it under its own lock (Observe, Finish); file writes happen
@@ -35,7 +35,7 @@
 #include "analysis/engine.h"
 #include "collector/job_timeline.h"
 #include "collector/pod_index.h"
-#include "collector/published_view.h"
+#include "collector/published_state.h"
 #include "common/log.h"
 #include "stepwatch/v1/stepwatch.pb.h"
 
@@ -114,7 +114,7 @@ class ReportStore {
   // each job's ranks runs outside this store's lock too. A sample whose new rows and nodes would
   // take more than `room_bytes` (what the memory budget has left) is not taken (logged at a
   // bounded rate): a new job has no timeline until there is room for it.
-  void SampleTimelines(const PublishedView& view, int64_t now_unix_nanos,
+  void SampleTimelines(const PublishedState& view, int64_t now_unix_nanos,
                        int64_t room_bytes = std::numeric_limits<int64_t>::max());
 
   // Finished reports not yet written, and their bytes (charged against the memory budget).
@@ -172,6 +172,21 @@ class ReportStore {
   // Loads DIR/running (under Load).
   void LoadRunning(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int FlushAt(int64_t now, bool force) ABSL_LOCKS_EXCLUDED(mu_);
+  // The steps of FlushAt (collector/report_store_disk.cc): what to write and delete, taken under
+  // the lock; the writes and deletions, outside it; their outcome, recorded under it again; and
+  // the backoff and the log lines of a change (failing, saved again).
+  struct FlushWork;
+  void TakeFlushWork(int64_t now, bool force, FlushWork* work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TakeRunningWrites(int64_t now, bool force, FlushWork* work)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void WriteReports(FlushWork* work);
+  void DeleteFiles(FlushWork* work) const;
+  void SettleFlush(int64_t now, const FlushWork& work, int* written, int* unsaved)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteFlushOutcome(int64_t now, bool force, const FlushWork& work, int written, int unsaved)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(flush_mu_);
+  // Memory a report's timeline holds (reflection: measured once per finished report).
+  static int64_t TimelineBytes(const v1::JobReport& r);
   bool Unsaved(const std::string& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ReportStoreOptions options_;

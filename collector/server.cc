@@ -146,7 +146,21 @@ std::string CollectorServer::StatePath() const {
 
 absl::Status CollectorServer::Init() {
   state_ = std::make_unique<CollectorState>(options_.state, clock_);
+  SW_RETURN_IF_ERROR(LoadScalingHistory());
+  absl::StatusOr<HostPort> grpc_hp = ParseHostPort(options_.grpc_listen);
+  if (!grpc_hp.ok()) return grpc_hp.status();
+  absl::StatusOr<security::ServerTls> tls = security::MakeServerCredentials(options_.tls);
+  if (!tls.ok()) return tls.status();
+  tls_identity_ = std::move(tls->identity);
+  SW_RETURN_IF_ERROR(MakeServices());
+  SW_RETURN_IF_ERROR(StartGrpc(*grpc_hp, std::move(tls->credentials)));
+  SW_RETURN_IF_ERROR(StartMetrics());
+  ticker_ = std::thread([this] { TickerLoop(); });
+  started_ = true;
+  return absl::OkStatus();
+}
 
+absl::Status CollectorServer::LoadScalingHistory() {
   if (!options_.state_dir.empty()) {
     absl::StatusOr<std::string> data = ReadFile(StatePath());
     if (data.ok()) {
@@ -162,10 +176,10 @@ absl::Status CollectorServer::Init() {
     }
   }
 
-  SW_ASSIGN_OR_RETURN(HostPort grpc_hp, ParseHostPort(options_.grpc_listen));
-  SW_ASSIGN_OR_RETURN(security::ServerTls tls, security::MakeServerCredentials(options_.tls));
-  std::shared_ptr<grpc::ServerCredentials> credentials = std::move(tls.credentials);
-  tls_identity_ = std::move(tls.identity);
+  return absl::OkStatus();
+}
+
+absl::Status CollectorServer::MakeServices() {
   std::unique_ptr<security::TokenStore> tokens;
   if (!options_.auth_token_file.empty()) {
     absl::StatusOr<std::unique_ptr<security::TokenStore>> opened =
@@ -182,9 +196,14 @@ absl::Status CollectorServer::Init() {
                                             options_.verify_node_identity,
                                             !options_.tls.client_ca_file.empty());
   query_ = std::make_unique<QueryService>(state_.get(), authorizer_.get());
+  return absl::OkStatus();
+}
+
+absl::Status CollectorServer::StartGrpc(const HostPort& grpc_hp,
+                                        std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(JoinHostPort(grpc_hp), credentials, &grpc_port_);
+  builder.AddListeningPort(JoinHostPort(grpc_hp), std::move(credentials), &grpc_port_);
   builder.RegisterService(ingest_.get());
   builder.RegisterService(query_.get());
   // Without this a second collector on the same port would silently share it.
@@ -214,30 +233,31 @@ absl::Status CollectorServer::Init() {
   SW_LOG_INFO << "gRPC listening on " << JoinHostPort({grpc_hp.host, grpc_port_})
               << " (Ingest, Query, health)";
 
-  if (!options_.metrics_listen.empty()) {
-    SW_ASSIGN_OR_RETURN(HostPort metrics_hp, ParseHostPort(options_.metrics_listen));
-    collectable_ = std::make_shared<StateCollectable>(state_.get(), options_.metrics);
-    http::MetricsEndpointOptions endpoint = options_.metrics_endpoint;
-    endpoint.listen = options_.metrics_listen;
-    if (tls_identity_ != nullptr) {
-      endpoint.extra_families = [identity = tls_identity_] { return TlsFamilies(*identity); };
-    }
-    absl::StatusOr<std::unique_ptr<http::MetricsEndpoint>> started =
-        http::MetricsEndpoint::Start(endpoint, collectable_);
-    if (!started.ok()) {
-      if (absl::IsInvalidArgument(started.status())) return started.status();
-      return absl::UnavailableError(absl::StrCat("cannot listen for /metrics on ",
-                                                 options_.metrics_listen, ": ",
-                                                 started.status().message()));
-    }
-    metrics_endpoint_ = *std::move(started);
-    metrics_port_ = metrics_endpoint_->port();
-    SW_LOG_INFO << "metrics listening on http://" << JoinHostPort({metrics_hp.host, metrics_port_})
-                << "/metrics" << (endpoint.basic_auth_file.empty() ? "" : " (basic auth)");
-  }
+  return absl::OkStatus();
+}
 
-  ticker_ = std::thread([this] { TickerLoop(); });
-  started_ = true;
+absl::Status CollectorServer::StartMetrics() {
+  if (options_.metrics_listen.empty()) return absl::OkStatus();
+  absl::StatusOr<HostPort> metrics_hp = ParseHostPort(options_.metrics_listen);
+  if (!metrics_hp.ok()) return metrics_hp.status();
+  collectable_ = std::make_shared<StateCollectable>(state_.get(), options_.metrics);
+  http::MetricsEndpointOptions endpoint = options_.metrics_endpoint;
+  endpoint.listen = options_.metrics_listen;
+  if (tls_identity_ != nullptr) {
+    endpoint.extra_families = [identity = tls_identity_] { return TlsFamilies(*identity); };
+  }
+  absl::StatusOr<std::unique_ptr<http::MetricsEndpoint>> started =
+      http::MetricsEndpoint::Start(endpoint, collectable_);
+  if (!started.ok()) {
+    if (absl::IsInvalidArgument(started.status())) return started.status();
+    return absl::UnavailableError(absl::StrCat("cannot listen for /metrics on ",
+                                               options_.metrics_listen, ": ",
+                                               started.status().message()));
+  }
+  metrics_endpoint_ = *std::move(started);
+  metrics_port_ = metrics_endpoint_->port();
+  SW_LOG_INFO << "metrics listening on http://" << JoinHostPort({metrics_hp->host, metrics_port_})
+              << "/metrics" << (endpoint.basic_auth_file.empty() ? "" : " (basic auth)");
   return absl::OkStatus();
 }
 

@@ -14,6 +14,8 @@
 #include "collector/service.h"
 #include "collector/state.h"
 #include "common/clock.h"
+#include "common/net.h"
+#include "grpcpp/grpcpp.h"
 #include "http/metrics_endpoint.h"
 #include "security/authorizer.h"
 #include "security/tls_credentials.h"
@@ -94,6 +96,12 @@ class CollectorServer {
  private:
   CollectorServer(CollectorServerOptions options, const Clock* clock);
   absl::Status Init();
+  // The steps of Init: the state file's scaling history, the services, the gRPC server, /metrics.
+  absl::Status LoadScalingHistory();
+  absl::Status MakeServices();
+  absl::Status StartGrpc(const HostPort& grpc_hp,
+                         std::shared_ptr<grpc::ServerCredentials> credentials);
+  absl::Status StartMetrics();
   void TickerLoop();
   std::string StatePath() const;
 

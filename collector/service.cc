@@ -115,7 +115,7 @@ class ReportReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     // The acknowledgement goes out only after the sync that covers the batch's journal record
     // (with --state-dir): from the journal's committer thread, so that no gRPC thread waits for
     // the disk; at once without a journal. Nothing else of this stream is outstanding meanwhile.
-    durable.Then([this, ack = *std::move(ack)](absl::Status synced) {
+    durable.Then([this, ack = *std::move(ack)](const absl::Status& synced) {
       if (absl::IsCancelled(synced)) {
         // The journal closed before its sync: unacknowledged, the batch is resent.
         Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the collector is stopping"));
@@ -238,8 +238,9 @@ grpc::ServerUnaryReactor* QueryService::Explain(grpc::CallbackServerContext* con
                                                 v1::ExplainResponse* response) {
   return FinishAuthorized(context, AuthorizeReader(context), [&] {
     absl::StatusOr<v1::ExplainResponse> explained = state_->Explain(request->job());
-    if (explained.ok()) *response = *std::move(explained);
-    return ToGrpc(explained.status());
+    if (!explained.ok()) return ToGrpc(explained.status());
+    *response = *std::move(explained);
+    return grpc::Status::OK;
   });
 }
 

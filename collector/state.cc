@@ -1,6 +1,6 @@
 // CollectorState's construction, counters and ticker (advance, expiry, publication); ingest is in
 // ingest.cc, admission in admission.cc, the budget in memory_budget.cc, the read view in
-// published_view.cc and the query answers in queries.cc.
+// published_state.cc and the query answers in queries.cc.
 #include "collector/state.h"
 
 #include <algorithm>
@@ -44,15 +44,15 @@ CollectorState::CollectorState(CollectorStateOptions options, const Clock* clock
     SyncCounters();
   }
   // Readers never see null: an empty view until the first Tick.
-  auto empty = std::make_shared<PublishedView>();
+  auto empty = std::make_shared<PublishedState>();
   empty->snapshot.now_unix_nanos = clock_->NowUnixNanos();
   empty->snapshot.node_down_nanos = options_.node_down_nanos;
   empty->snapshot.memory_budget_bytes = options_.max_memory_bytes;
   Publish(std::move(empty));
 }
 
-void CollectorState::Publish(std::shared_ptr<const PublishedView> view) {
-  std::shared_ptr<const PublishedView> old;
+void CollectorState::Publish(std::shared_ptr<const PublishedState> view) {
+  std::shared_ptr<const PublishedState> old;
   {
     absl::MutexLock lock(&published_mu_);
     old = std::move(published_);
@@ -67,7 +67,7 @@ void CollectorState::SyncCounters() {
   live_accounted_bytes_ = accounted_bytes_;
 }
 
-std::shared_ptr<const PublishedView> CollectorState::Published() const {
+std::shared_ptr<const PublishedState> CollectorState::Published() const {
   absl::MutexLock lock(&published_mu_);
   return published_;
 }
@@ -148,7 +148,7 @@ JobSpan CollectorState::SpanOf(const std::string& job) const {
 void CollectorState::AdvanceExpireAndPublish(int64_t now) {
   absl::MutexLock tick_lock(&tick_mu_);
   const int64_t cutoff = now - options_.expire_nanos;
-  auto view = std::make_shared<PublishedView>();
+  auto view = std::make_shared<PublishedState>();
   StateSnapshot& s = view->snapshot;
   const auto locked_at = std::chrono::steady_clock::now();
   {
@@ -189,7 +189,7 @@ void CollectorState::AdvanceExpireAndPublish(int64_t now) {
   PublishRankRows(view.get());
   // Timelines sample rows just rebuilt (shared older rows would repeat a sample), after the view
   // is out: readers need not wait for them.
-  const std::shared_ptr<const PublishedView> published = view;
+  const std::shared_ptr<const PublishedState> published = view;
   Publish(std::move(view));
   if (published->rank_rows_rebuilt) {
     // What the budget has left (timelines charged at the last tick included).
@@ -244,7 +244,7 @@ bool CollectorState::ExpireNodes(int64_t cutoff) {
   return nodes_removed;
 }
 
-void CollectorState::RunWithIngestLockHeld(const std::function<void()>& fn) {
+void CollectorState::RunWithIngestLockHeldForTest(const std::function<void()>& fn) {
   absl::MutexLock lock(&mu_);
   fn();
 }
@@ -262,7 +262,7 @@ absl::StatusOr<v1::ExplainResponse> CollectorState::Explain(absl::string_view jo
 }
 
 StateSnapshot CollectorState::Snapshot(NodeScope scope) const {
-  const std::shared_ptr<const PublishedView> view = Published();
+  const std::shared_ptr<const PublishedState> view = Published();
   const int64_t now = clock_->NowUnixNanos();
   StateSnapshot s = CopySnapshot(*view, scope, now);
   {

@@ -26,7 +26,7 @@
 #include "collector/dedupe.h"
 #include "collector/memory_budget.h"
 #include "collector/pod_index.h"
-#include "collector/published_view.h"
+#include "collector/published_state.h"
 #include "collector/report_store.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -107,21 +107,21 @@ class CollectorState {
   void CountRefused(const char* reason);
   void CountStateSaveError();
 
-  // Readers of the published view: they never take the ingest mutex.
+  // Readers of the published state: they never take the ingest mutex.
   v1::StatusResponse Status() const;
   // Empty `job`: every job's findings (idle GPUs included).
   v1::FindingsResponse Findings(absl::string_view job) const;
   // NotFound for an unknown job.
   absl::StatusOr<v1::ExplainResponse> Explain(absl::string_view job) const;
-  // A copy of the published view with the live counters; under NodeScope::kInvolved its nodes are
+  // A copy of the published state with the live counters; under NodeScope::kInvolved its nodes are
   // only those involved in findings or quiet (the work follows them, not the fleet).
   StateSnapshot Snapshot(NodeScope scope = NodeScope::kAll) const;
   // The view published by the last Tick() (an empty one before the first); never null.
-  std::shared_ptr<const PublishedView> Published() const;
+  std::shared_ptr<const PublishedState> Published() const;
 
   // Runs `fn` while holding the ingest mutex, as a long Apply would (for tests: readers must not
   // wait for it).
-  void RunWithIngestLockHeld(const std::function<void()>& fn) ABSL_LOCKS_EXCLUDED(mu_);
+  void RunWithIngestLockHeldForTest(const std::function<void()>& fn) ABSL_LOCKS_EXCLUDED(mu_);
 
   std::string SerializeScalingHistory() const;
   absl::Status LoadScalingHistory(absl::string_view data);
@@ -165,7 +165,7 @@ class CollectorState {
     bool takeover = false;
   };
   struct NodeTrack {
-    NodeView view;
+    NodeSnapshot view;
     absl::flat_hash_map<int, size_t> gpu_slot;  // index -> position in view.gpus
     // Charged for its strings (NodeTextBytes) beside MemoryCosts::node.
     int64_t text_bytes = 0;
@@ -239,7 +239,7 @@ class CollectorState {
   std::map<std::string, NodeTrack>::iterator EraseNode(
       std::map<std::string, NodeTrack>::iterator node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // The ticker (state.cc) and the read view (published_view.cc).
+  // The ticker (state.cc) and the read view (published_state.cc).
   // Tick without the reports' disk writes: advances, expires and publishes.
   void AdvanceExpireAndPublish(int64_t now) ABSL_LOCKS_EXCLUDED(mu_, tick_mu_);
   // Forgets the jobs unseen since `cutoff` (their reports end "expired"); true when any was.
@@ -251,13 +251,13 @@ class CollectorState {
   bool ExpireNodes(int64_t cutoff) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills view->ranks and the per-rank series, rebuilding the rows when they are cheap or old
   // enough, else sharing the previous view's (jobs new since then always get rows).
-  void PublishRankRows(PublishedView* view) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_)
+  void PublishRankRows(PublishedState* view) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tick_mu_)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Feeds every job's snapshot and findings to the reports.
   void ObserveReports(const std::vector<analysis::JobSnapshot>& jobs,
                       const std::vector<analysis::Finding>& findings, int64_t now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Publish(std::shared_ptr<const PublishedView> view) ABSL_LOCKS_EXCLUDED(published_mu_);
+  void Publish(std::shared_ptr<const PublishedState> view) ABSL_LOCKS_EXCLUDED(published_mu_);
   // Copies the counters and memory accounted for Snapshot(): scraped counters include every batch
   // applied so far, so that a count scraped just before the collector dies matches what it
   // acknowledged.
@@ -316,7 +316,7 @@ class CollectorState {
   std::chrono::steady_clock::time_point rank_rows_built_at_ ABSL_GUARDED_BY(tick_mu_);
   int64_t rank_rows_cost_nanos_ ABSL_GUARDED_BY(tick_mu_) = 0;
   mutable absl::Mutex published_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  std::shared_ptr<const PublishedView> published_ ABSL_GUARDED_BY(published_mu_);
+  std::shared_ptr<const PublishedState> published_ ABSL_GUARDED_BY(published_mu_);
 };
 
 }  // namespace stepwatch::collector

@@ -36,11 +36,16 @@ struct Voidify {
 
 }  // namespace stepwatch::check_internal
 
-#define SW_CHECK(condition)                      \
-  (condition)                                    \
-      ? static_cast<void>(0)                     \
-      : ::stepwatch::check_internal::Voidify() & \
-            ::stepwatch::check_internal::CheckFailure(__FILE__, __LINE__, #condition).stream()
+// A statement, never an expression (the switch makes it one), so the unparenthesised ?:, which the
+// streamed message has to follow, cannot bind to operators around a use.
+#define SW_CHECK(condition)                        \
+  switch (0)                                       \
+  case 0:                                          \
+  default:                                         \
+    (condition)                                    \
+        ? static_cast<void>(0)                     \
+        : ::stepwatch::check_internal::Voidify() & \
+              ::stepwatch::check_internal::CheckFailure(__FILE__, __LINE__, #condition).stream()
 
 #ifdef NDEBUG
 #define SW_DCHECK(condition) \

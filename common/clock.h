@@ -137,14 +137,4 @@ class SimulatedClock : public Clock {
   mutable WaiterMap waiters_ ABSL_GUARDED_BY(mu_);
 };
 
-// The SimulatedClock in Unix nanoseconds, for the tests and tools written against it before the
-// clock could wait.
-class FakeClock final : public SimulatedClock {
- public:
-  explicit FakeClock(int64_t start_unix_nanos = 1'700'000'000'000'000'000)
-      : SimulatedClock(absl::FromUnixNanos(start_unix_nanos)) {}
-  void Advance(int64_t nanos) { AdvanceTime(absl::Nanoseconds(nanos)); }
-  void Set(int64_t unix_nanos) { SetTime(absl::FromUnixNanos(unix_nanos)); }
-};
-
 }  // namespace stepwatch

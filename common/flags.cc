@@ -36,8 +36,10 @@ void StartupError(absl::string_view program, absl::string_view message) {
   std::exit(1);
 }
 
-std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const FlagsSpec& spec,
-                                          bool allow_positional) {
+namespace {
+
+// Abseil's --help, --version and --helpon texts for `spec`'s program.
+void ConfigureUsage(const FlagsSpec& spec) {
   absl::FlagsUsageConfig usage_config;
   usage_config.contains_help_flags = [spec](absl::string_view file) {
     return ListsFlagsOf(spec, file);
@@ -51,10 +53,13 @@ std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const FlagsSpec
     return std::string(dir == absl::string_view::npos ? file : file.substr(dir + 1));
   };
   const std::string version = absl::StrCat(spec.program, " ", spec.version, "\n");
-  usage_config.version_string = [version] { return version; };
+  usage_config.version_string = [version]() -> const std::string& { return version; };
   absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(spec.usage);
+}
 
+// Sets the program's own defaults (spec.defaults) before the command line overrides them.
+void ApplyDefaults(const FlagsSpec& spec) {
   for (const auto& [name, value] : spec.defaults) {
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     std::string error;
@@ -63,6 +68,14 @@ std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const FlagsSpec
       StartupError(spec.program, absl::StrCat("bad built-in default for --", name, ": ", error));
     }
   }
+}
+
+}  // namespace
+
+std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const FlagsSpec& spec,
+                                          bool allow_positional) {
+  ConfigureUsage(spec);
+  ApplyDefaults(spec);
 
   // Rewrite dashed names and check every flag ourselves, so mistakes exit with status 2.
   std::vector<std::string> normalized = {argv[0]};
@@ -126,6 +139,7 @@ std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const FlagsSpec
   }
 
   std::vector<char*> args;
+  args.reserve(normalized.size());
   for (std::string& a : normalized) args.push_back(a.data());
   absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   return positional;

@@ -1,5 +1,6 @@
 #include "common/net.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -37,7 +38,7 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view address) {
 
 std::string JoinHostPort(const HostPort& hp) {
   std::string host = hp.host.empty() ? "0.0.0.0" : hp.host;
-  if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
+  if (absl::StrContains(host, ':')) host = absl::StrCat("[", host, "]");
   return absl::StrCat(host, ":", hp.port);
 }
 

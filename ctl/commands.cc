@@ -92,6 +92,7 @@ int RunFindings(const Session& session, const std::vector<std::string>& rest) {
       std::vector<Answer<v1::StatusResponse>> statuses =
           session.clients->Ask(who, v1::StatusRequest(), kStatus);
       std::vector<const v1::StatusResponse*> by_answer;
+      by_answer.reserve(statuses.size());
       for (const Answer<v1::StatusResponse>& s : statuses) {
         by_answer.push_back(s.status.ok() ? &s.response : nullptr);
       }
@@ -166,6 +167,7 @@ int RunReport(const Session& session, const std::vector<std::string>& rest) {
     if (auto rc = AskJobOwners<v1::ReportResponse>(session, job, ask, &answers, &footer))
       return *rc;
     std::vector<v1::JobReport> reports;
+    reports.reserve(answers.size());
     for (const v1::ReportResponse& a : answers) reports.push_back(a.report());
     const v1::JobReport merged = MergeReports(reports);
     text = session.html   ? RenderReportHtml(merged)
@@ -185,7 +187,7 @@ int RunReport(const Session& session, const std::vector<std::string>& rest) {
   return 0;
 }
 
-int RunServe(const Session& session, ServeOptions options, const sigset_t& stop_signals) {
+int RunServe(const Session& session, const ServeOptions& options, const sigset_t& stop_signals) {
   ServeCollectors collectors;
   collectors.collectors = session.collectors;
   collectors.replicas = session.replicas;

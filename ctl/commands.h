@@ -18,6 +18,6 @@ int RunFindings(const Session& session, const std::vector<std::string>& rest);
 int RunExplain(const Session& session, const std::string& job);
 int RunReport(const Session& session, const std::vector<std::string>& rest);
 // Serves the live view until one of `stop_signals` (blocked by the caller in every thread).
-int RunServe(const Session& session, ServeOptions options, const sigset_t& stop_signals);
+int RunServe(const Session& session, const ServeOptions& options, const sigset_t& stop_signals);
 
 }  // namespace stepwatch::ctl

@@ -121,9 +121,9 @@ std::vector<Answer<Response>> CollectorClients::Ask(
     if (!authorization_.empty()) context->AddMetadata("authorization", authorization_);
     context->set_deadline(deadline);
     call(StubFor(targets[i])->async(), context.get(), &request, &answers[i].response,
-         [&answers, &mu, &pending, i](grpc::Status status) {
+         [&answers, &mu, &pending, i](const grpc::Status& status) {
            absl::MutexLock lock(&mu);
-           answers[i].status = std::move(status);
+           answers[i].status = status;
            --pending;
          });
   }

@@ -29,6 +29,8 @@
 #include "ctl/report_format.h"
 #include "ctl/report_html.h"
 #include "ctl/serve.h"
+#include "ctl/serve_pages.h"
+#include "ctl/session.h"
 #include "grpcpp/grpcpp.h"
 #include "security/client_security.h"
 #include "security/tls_client_flags.h"
@@ -141,6 +143,7 @@ std::vector<std::string> ParseCommandLine(int argc, char** argv) {
     if (absl::StartsWith(args[i], "-o=")) args[i] = "--output=" + args[i].substr(3);
   }
   std::vector<char*> arg_pointers;
+  arg_pointers.reserve(args.size());
   for (std::string& a : args) arg_pointers.push_back(a.data());
   return stepwatch::ParseFlagsOrExit(argc, arg_pointers.data(), spec, /*allow_positional=*/true);
 }
@@ -212,8 +215,8 @@ int main(int argc, char** argv) {
   if (command == "serve") {
     ctl::ServeOptions options;
     options.listen = absl::GetFlag(FLAGS_listen);
-    options.refresh_seconds = absl::GetFlag(FLAGS_refresh);
-    return ctl::RunServe(session, std::move(options), stop_signals);
+    options.refresh = absl::Seconds(absl::GetFlag(FLAGS_refresh));
+    return ctl::RunServe(session, options, stop_signals);
   }
   return ctl::RunReport(session, rest);
 }

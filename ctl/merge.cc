@@ -86,6 +86,7 @@ v1::StatusResponse MergeStatus(const std::vector<v1::StatusResponse>& answers) {
 v1::FindingsResponse MergeFindings(const std::vector<v1::FindingsResponse>& answers) {
   if (answers.size() == 1) return answers[0];
   std::vector<const google::protobuf::RepeatedPtrField<v1::Finding>*> lists;
+  lists.reserve(answers.size());
   for (const v1::FindingsResponse& a : answers) lists.push_back(&a.findings());
   v1::FindingsResponse out;
   for (v1::Finding& f : UnionOfFindings(lists)) *out.add_findings() = std::move(f);
@@ -198,6 +199,7 @@ v1::ReportResponse MergeReportLists(const std::vector<v1::ReportResponse>& answe
     }
   }
   std::vector<const v1::JobReport*> rows;
+  rows.reserve(by_job.size());
   for (const auto& [job, r] : by_job) rows.push_back(r);
   std::stable_sort(rows.begin(), rows.end(), [](const v1::JobReport* a, const v1::JobReport* b) {
     return a->updated_unix_nanos() > b->updated_unix_nanos();  // ties stay by name

@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -89,8 +90,7 @@ class Int64Unquoter {
         out_ += token;
       }
     } else {
-      while (pos_ < in_.size() &&
-             std::string_view(",]} \n\t\r").find(Peek()) == std::string_view::npos) {
+      while (pos_ < in_.size() && !absl::StrContains(",]} \n\t\r", Peek())) {
         Copy();
       }
     }

@@ -286,31 +286,11 @@ std::string ReportMembers(const v1::JobReport& r, bool with_findings, const std:
 
 }  // namespace
 
-std::string FormatReport(const v1::JobReport& r) {
-  std::string out = absl::StrFormat("Job %s: %s", r.job(), r.state());
-  if (r.end_reason() == "exited") out += " (every rank's process exited)";
-  if (r.end_reason() == "expired") out += " (silent, forgotten after --expire)";
-  absl::StrAppend(&out, ", ", r.world_size(), " ranks, steps ",
-                  Steps(r.first_step(), r.last_step()), "\n");
-  out += Caveats(r);
-  absl::StrAppend(&out, "Started ", HumanTime(r.start_unix_nanos()));
-  if (r.end_unix_nanos() > 0) {
-    const absl::Duration took = absl::Nanoseconds(r.end_unix_nanos() - r.start_unix_nanos());
-    absl::StrAppend(&out, ", ended ", HumanTime(r.end_unix_nanos()), " (",
-                    took < absl::Seconds(1)
-                        ? "under 1s"
-                        : absl::FormatDuration(absl::Trunc(took, absl::Seconds(1))),
-                    ")");
-  }
-  out += '\n';
-  absl::StrAppend(&out, "Step time ", r.step_seconds() > 0 ? FormatDuration(r.step_seconds()) : "-",
-                  ", efficiency (ideal / actual step time) ",
-                  r.has_efficiency_ratio() ? FormatPercent(r.efficiency_ratio()) : "unknown");
-  if (r.has_scaling_efficiency_ratio()) {
-    absl::StrAppend(&out, ", scaling efficiency ", FormatPercent(r.scaling_efficiency_ratio()));
-  }
-  out += '\n';
+namespace {
 
+// The last known breakdown, what-ifs and sections.
+std::string FormatReportFigures(const v1::JobReport& r) {
+  std::string out;
   if (!r.time_ratio().empty()) {
     out += "\nWhere the step time went (last known)\n";
     std::vector<std::vector<std::string>> rows;
@@ -347,6 +327,37 @@ std::string FormatReport(const v1::JobReport& r) {
     }
   }
 
+  return out;
+}
+
+}  // namespace
+
+std::string FormatReport(const v1::JobReport& r) {
+  std::string out = absl::StrFormat("Job %s: %s", r.job(), r.state());
+  if (r.end_reason() == "exited") out += " (every rank's process exited)";
+  if (r.end_reason() == "expired") out += " (silent, forgotten after --expire)";
+  absl::StrAppend(&out, ", ", r.world_size(), " ranks, steps ",
+                  Steps(r.first_step(), r.last_step()), "\n");
+  out += Caveats(r);
+  absl::StrAppend(&out, "Started ", HumanTime(r.start_unix_nanos()));
+  if (r.end_unix_nanos() > 0) {
+    const absl::Duration took = absl::Nanoseconds(r.end_unix_nanos() - r.start_unix_nanos());
+    absl::StrAppend(&out, ", ended ", HumanTime(r.end_unix_nanos()), " (",
+                    took < absl::Seconds(1)
+                        ? "under 1s"
+                        : absl::FormatDuration(absl::Trunc(took, absl::Seconds(1))),
+                    ")");
+  }
+  out += '\n';
+  absl::StrAppend(&out, "Step time ", r.step_seconds() > 0 ? FormatDuration(r.step_seconds()) : "-",
+                  ", efficiency (ideal / actual step time) ",
+                  r.has_efficiency_ratio() ? FormatPercent(r.efficiency_ratio()) : "unknown");
+  if (r.has_scaling_efficiency_ratio()) {
+    absl::StrAppend(&out, ", scaling efficiency ", FormatPercent(r.scaling_efficiency_ratio()));
+  }
+  out += '\n';
+
+  out += FormatReportFigures(r);
   absl::StrAppend(&out, "\nFindings (", r.finding_count(), " in all");
   if (r.findings_dropped() > 0)
     absl::StrAppend(&out, ", ", r.findings_dropped(), " oldest dropped");

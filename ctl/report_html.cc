@@ -232,6 +232,7 @@ std::string CauseSummary(const v1::JobReport& r) {
     }
   }
   std::vector<std::pair<const std::pair<std::string, std::string>*, const Group*>> order;
+  order.reserve(groups.size());
   for (const auto& [key, g] : groups) order.emplace_back(&key, &g);
   std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
     if (a.second->severity != b.second->severity) return a.second->severity < b.second->severity;
@@ -398,9 +399,10 @@ std::string RenderReportHtml(const v1::JobReport& report, const ReportHtmlOption
       "content=\"width=device-width,initial-scale=1\">\n<meta name=\"color-scheme\" "
       "content=\"light "
       "dark\">\n",
-      options.refresh_seconds > 0 ? absl::StrCat("<meta http-equiv=\"refresh\" content=\"",
-                                                 options.refresh_seconds, "\">\n")
-                                  : "",
+      options.refresh >= absl::Seconds(1)
+          ? absl::StrCat("<meta http-equiv=\"refresh\" content=\"",
+                         absl::ToInt64Seconds(options.refresh), "\">\n")
+          : "",
       "<title>stepwatch report: ", EscapeHtml(report.job()), "</title>\n<style>", kStyle,
       "</style></head>\n<body>\n");
   if (!options.site_root.empty()) {

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "absl/time/time.h"
 #include "stepwatch/v1/stepwatch.pb.h"
 
 namespace stepwatch::ctl {
@@ -13,8 +14,8 @@ struct ReportHtmlOptions {
   // Heatmap rows drawn one per rank up to this many ranks; beyond it one row per node, each
   // expandable to its ranks.
   int max_rank_rows = 256;
-  // When > 0 the page reloads itself this often (the live view).
-  int refresh_seconds = 0;
+  // When positive the page reloads itself this often (the live view), in whole seconds.
+  absl::Duration refresh = absl::ZeroDuration();
   // Prefix of links to other pages of the live view (e.g. "/"); empty in a saved file, which
   // links nowhere.
   std::string site_root;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "ctl/report_html.h"
 #include "ctl/report_html_internal.h"
 
 namespace stepwatch::ctl::html {

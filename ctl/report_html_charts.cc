@@ -248,9 +248,10 @@ std::string RenderWhatIfs(const v1::JobReport& report) {
   }
   const std::map<std::string, double> all(report.whatif_speedup_ratio().begin(),
                                           report.whatif_speedup_ratio().end());
-  for (const auto& [fix, ratio] : all) {
+  for (const auto& entry : all) {
+    const std::string& fix = entry.first;
     if (std::none_of(fixes.begin(), fixes.end(), [&](const auto& f) { return f.first == fix; })) {
-      fixes.emplace_back(fix, ratio);
+      fixes.emplace_back(fix, entry.second);
     }
   }
   double max_ratio = 1;

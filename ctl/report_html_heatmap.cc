@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "ctl/report_html.h"
 #include "ctl/report_html_internal.h"
 
 namespace stepwatch::ctl::html {
@@ -227,6 +228,7 @@ std::string NodeRows(const v1::ReportTimeline& t, const std::vector<const v1::Ra
                    false),
         "</summary>\n");
     std::vector<HeatRow> rows;
+    rows.reserve(members.size());
     for (const v1::RankSeries* r : members) {
       rows.push_back(RankRow(*r, r->busy_seconds(), ref, stages, columns));
     }
@@ -283,6 +285,7 @@ std::string RenderHeatmaps(const v1::JobReport& report, const ReportHtmlOptions&
   if (columns == 0 || (t.ranks_size() == 0 && t.nodes_size() == 0)) return "";
   const std::vector<const v1::RankSeries*> ranks = Ordered(t);
   std::vector<const google::protobuf::RepeatedField<float>*> series;
+  series.reserve(ranks.size());
   for (const v1::RankSeries* r : ranks) series.push_back(&r->busy_seconds());
   if (series.empty()) {
     for (const v1::NodeSeries& n : t.nodes()) series.push_back(&n.busy_seconds());

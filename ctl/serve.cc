@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/collectors.h"
 #include "common/log.h"
@@ -16,6 +17,7 @@
 #include "ctl/merge.h"
 #include "ctl/query_calls.h"
 #include "ctl/report_html.h"
+#include "http/http_request.h"
 #include "http/http_server.h"
 #include "http/worker_pool.h"
 
@@ -48,7 +50,9 @@ http::HttpResponse HtmlResponse(int status, std::string body) {
 class LiveView::Impl {
  public:
   Impl(const ServeOptions& options, ServeCollectors collectors)
-      : options_(options), collectors_(std::move(collectors)) {}
+      : options_(options),
+        refresh_seconds_(static_cast<int>(absl::ToInt64Seconds(options.refresh))),
+        collectors_(std::move(collectors)) {}
 
   ~Impl() {
     // No new requests first; then the workers (their answers to a stopped server are dropped);
@@ -117,7 +121,7 @@ class LiveView::Impl {
   // Every collector's jobs and findings, merged as `stepwatchctl status` and `findings` merge them.
   http::HttpResponse ListPage() const {
     ctl::JobListPage page;
-    page.refresh_seconds = options_.refresh_seconds;
+    page.refresh_seconds = refresh_seconds_;
     page.now_unix_nanos = SystemClock().NowUnixNanos();
     const CollectorClients& clients = *collectors_.clients;
 
@@ -152,8 +156,9 @@ class LiveView::Impl {
     if (page.answered.empty()) {
       return HtmlResponse(502, RenderErrorHtml(502, "No collector answered",
                                                "None of the collectors could be asked.",
-                                               page.failed, options_.refresh_seconds));
+                                               page.failed, refresh_seconds_));
     }
+    by_answer.reserve(answered_statuses.size());
     for (const v1::StatusResponse& s : answered_statuses) by_answer.push_back(&s);
     if (findings.size() > 1) findings = WithoutStaleReplicas(std::move(findings), by_answer);
     page.status = MergeStatus(answered_statuses);
@@ -169,6 +174,7 @@ class LiveView::Impl {
       AskReport(job, &known, nullptr, nullptr);
       if (known.empty()) continue;
       std::vector<v1::JobReport> reports;
+      reports.reserve(known.size());
       for (const v1::ReportResponse& r : known) reports.push_back(r.report());
       page.reports.push_back(MergeReports(reports));
     }
@@ -206,7 +212,7 @@ class LiveView::Impl {
         return HtmlResponse(502, RenderErrorHtml(502, "No collector answered",
                                                  absl::StrCat("None of the owners of job \"", job,
                                                               "\" could be asked."),
-                                                 failed, options_.refresh_seconds));
+                                                 failed, refresh_seconds_));
       }
       return HtmlResponse(
           404, RenderErrorHtml(404, "No such job",
@@ -214,15 +220,17 @@ class LiveView::Impl {
                                failed));
     }
     std::vector<v1::JobReport> reports;
+    reports.reserve(known.size());
     for (const v1::ReportResponse& r : known) reports.push_back(r.report());
     ReportHtmlOptions html;
-    html.refresh_seconds = options_.refresh_seconds;
+    html.refresh = options_.refresh;
     html.site_root = "/";
     return HtmlResponse(200,
                         WithCollectorBanner(RenderReportHtml(MergeReports(reports), html), failed));
   }
 
   const ServeOptions options_;
+  const int refresh_seconds_;  // options_.refresh, as the pages state it
   const ServeCollectors collectors_;
   std::unique_ptr<http::WorkerPool> pool_;
   std::unique_ptr<http::HttpServer> server_;

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "ctl/fanout.h"
 #include "ctl/serve_pages.h"
 #include "grpcpp/grpcpp.h"
@@ -33,8 +34,8 @@ struct ServeCollectors {
 };
 
 struct ServeOptions {
-  std::string listen = kDefaultServeListen;  // HOST:PORT; port 0 picks a free one
-  int refresh_seconds = 5;                   // the pages reload this often; 0: never
+  std::string listen = kDefaultServeListen;   // HOST:PORT; port 0 picks a free one
+  absl::Duration refresh = absl::Seconds(5);  // the pages reload this often; zero: never
   // Threads asking the collectors, and requests waiting for one at most (then 503).
   int threads = 4;
   size_t max_queued = 64;

@@ -151,7 +151,7 @@ std::optional<std::string> PercentDecode(absl::string_view text) {
     out += static_cast<char>(high * 16 + low);
     i += 2;
   }
-  if (out.find('\0') != std::string::npos || !IsUtf8(out)) return std::nullopt;
+  if (absl::StrContains(out, '\0') || !IsUtf8(out)) return std::nullopt;
   return out;
 }
 

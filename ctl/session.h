@@ -63,6 +63,7 @@ int FailNoAnswer(const Session& session, const std::vector<Answer<Response>>& fa
     return Fail(DescribeFailure(session, a.collector, a.status));
   }
   std::vector<std::string> why;
+  why.reserve(failed.size());
   for (const Answer<Response>& a : failed)
     why.push_back(DescribeFailureOf(session, a.collector, a.status));
   return Fail(absl::StrCat("no collector answered (", absl::StrJoin(why, "; "), ")"));
@@ -81,6 +82,7 @@ void WarnNoAnswer(const Session& session, const std::vector<Answer<Response>>& f
 template <typename Response>
 std::string Collectors(const std::vector<Answer<Response>>& answers) {
   std::vector<std::string> names;
+  names.reserve(answers.size());
   for (const Answer<Response>& a : answers) names.push_back(a.collector);
   return absl::StrJoin(names, ", ");
 }

@@ -12,7 +12,6 @@
 
 namespace {
 
-constexpr int64_t kSecond = 1'000'000'000;
 
 // Small limits so that one input cannot make a single run slow (the defaults allow 100,000 ranks).
 stepwatch::collector::CollectorStateOptions Options() {
@@ -29,21 +28,21 @@ stepwatch::collector::CollectorStateOptions Options() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   stepwatch::v1::ReportBatch batch;
   if (!batch.ParseFromArray(data, static_cast<int>(size))) return 0;
-  stepwatch::FakeClock clock;
+  stepwatch::SimulatedClock clock;
   stepwatch::collector::CollectorState state(Options(), &clock);
   if (!state.Apply(batch).ok()) return 0;
   const uint64_t steps = state.Snapshot().counters.steps_received;
   if (!state.Apply(batch).ok()) std::abort();
   if (state.Snapshot().counters.steps_received != steps) std::abort();
 
-  clock.Advance(kSecond);
+  clock.AdvanceTime(absl::Seconds(1));
   batch.set_seq(batch.seq() + 1);
   for (auto& s : *batch.mutable_steps()) {
     if (s.step() < INT64_MAX) s.set_step(s.step() + 1);
   }
   (void)state.Apply(batch);
   state.Tick();
-  clock.Advance(600 * kSecond);  // past expiry: jobs and nodes are forgotten
+  clock.AdvanceTime(absl::Seconds(600));  // past expiry: jobs and nodes are forgotten
   state.Tick();
 
   (void)state.Status();

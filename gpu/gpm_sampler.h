@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/nvml_abi.h"
 #include "gpu/nvml_api.h"
 #include "gpu/unavailable_readings.h"
 #include "stepwatch/v1/stepwatch.pb.h"

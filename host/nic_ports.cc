@@ -205,7 +205,7 @@ void NicPortReader::ReadHwCounters(const std::string& dir, v1::NicPort* port) {
   auto* counters = port->mutable_hw_counters();
   for (const std::string& name : ListDir(dir)) {
     if (counters->size() >= static_cast<int>(kMaxNicHwCounters)) break;
-    if (!IsNicName(name) || name.find('.') != std::string::npos || IsHwSetting(name)) continue;
+    if (!IsNicName(name) || absl::StrContains(name, '.') || IsHwSetting(name)) continue;
     const std::string path = absl::StrCat(dir, "/", name);
     absl::StatusOr<std::string> text = ReadFile(path, kMaxAttributeBytes);
     if (!text.ok()) {

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -101,7 +102,7 @@ absl::StatusOr<NetTotals> ParseNetDev(absl::string_view text) {
     const size_t colon = line.find(':');
     if (colon == absl::string_view::npos) continue;
     absl::string_view name = absl::StripAsciiWhitespace(line.substr(0, colon));
-    if (name.empty() || name.find('|') != absl::string_view::npos) continue;  // header lines
+    if (name.empty() || absl::StrContains(name, '|')) continue;  // header lines
     std::vector<absl::string_view> f = Fields(line.substr(colon + 1));
     if (f.size() < 9) {
       return absl::InvalidArgumentError(absl::StrCat("short line for ", name));

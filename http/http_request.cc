@@ -10,7 +10,7 @@ namespace {
 // RFC 9110 token characters.
 bool IsTokenChar(char c) {
   if (absl::ascii_isalnum(static_cast<unsigned char>(c))) return true;
-  return absl::string_view("!#$%&'*+-.^_`|~").find(c) != absl::string_view::npos;
+  return absl::StrContains("!#$%&'*+-.^_`|~", c);
 }
 
 bool IsToken(absl::string_view s) {

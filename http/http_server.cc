@@ -143,7 +143,11 @@ struct HttpServer::Connection {
 void HttpResponder::Send(HttpResponse response) const { server_->Post(id_, std::move(response)); }
 
 HttpServer::HttpServer(const HttpServerOptions& options, Handler handler)
-    : options_(options), handler_(std::move(handler)) {}
+    : options_(options),
+      header_timeout_(absl::ToChronoNanoseconds(options.header_timeout)),
+      idle_timeout_(absl::ToChronoNanoseconds(options.idle_timeout)),
+      write_timeout_(absl::ToChronoNanoseconds(options.write_timeout)),
+      handler_(std::move(handler)) {}
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options,
                                                               Handler handler) {
@@ -300,7 +304,7 @@ void HttpServer::Accept() {
     c->fd = fd;
     c->id = next_id_++;
     c->reading_since = Clock::now();
-    c->deadline = c->reading_since + std::chrono::milliseconds(options_.header_timeout_ms);
+    c->deadline = c->reading_since + header_timeout_;
     c->deadline_reason = CloseReason::kHeaderTimeout;
     Connection* raw = c.get();
     connections_.emplace(raw->id, std::move(c));
@@ -364,7 +368,7 @@ void HttpServer::ProcessInput(Connection* c) {
     c->head_started = true;
     c->scanned = 0;
     if (c->deadline_reason == CloseReason::kIdleTimeout) {
-      c->deadline = Clock::now() + std::chrono::milliseconds(options_.header_timeout_ms);
+      c->deadline = Clock::now() + header_timeout_;
       c->deadline_reason = CloseReason::kHeaderTimeout;
     }
   }
@@ -438,7 +442,7 @@ void HttpServer::StartResponse(Connection* c, HttpResponse response) {
   c->body = c->head_only ? nullptr : std::move(response.body);
   c->sent = 0;
   c->state = Connection::State::kWriting;
-  c->deadline = Clock::now() + std::chrono::milliseconds(options_.write_timeout_ms);
+  c->deadline = Clock::now() + write_timeout_;
   c->deadline_reason = CloseReason::kWriteTimeout;
   OnWritable(c);
 }
@@ -486,7 +490,7 @@ void HttpServer::OnWritable(Connection* c) {
   }
   c->state = Connection::State::kReading;
   c->reading_since = Clock::now();
-  c->deadline = c->reading_since + std::chrono::milliseconds(options_.idle_timeout_ms);
+  c->deadline = c->reading_since + idle_timeout_;
   c->deadline_reason = CloseReason::kIdleTimeout;
   SetEvents(c, EPOLLIN);
   // A request the client sent before this response was complete (pipelining).

@@ -25,6 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "http/http_request.h"
 
 namespace stepwatch::http {
@@ -38,11 +39,11 @@ struct HttpServerOptions {
   // A request head (request line and header fields) larger than this is answered with 431.
   size_t max_head_bytes = 8192;
   // Time to send a whole request head, from the connection's start or the head's first byte.
-  int header_timeout_ms = 5000;
+  absl::Duration header_timeout = absl::Seconds(5);
   // Time a kept-alive connection may sit without a request.
-  int idle_timeout_ms = 30000;
+  absl::Duration idle_timeout = absl::Seconds(30);
   // Time the client has to take a whole response.
-  int write_timeout_ms = 10000;
+  absl::Duration write_timeout = absl::Seconds(10);
 };
 
 struct HttpResponse {
@@ -131,6 +132,8 @@ class HttpServer {
   friend class HttpResponder;
 
   const HttpServerOptions options_;
+  // options_' timeouts, as the loop adds them to Clock times.
+  const Clock::duration header_timeout_, idle_timeout_, write_timeout_;
   const Handler handler_;
   int listen_fd_ = -1;
   int epoll_fd_ = -1;

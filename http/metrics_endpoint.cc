@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "http/http_basic_auth.h"
+#include "http/http_request.h"
 #include "http/http_server.h"
 #include "http/metrics_renderer.h"
 #include "http/worker_pool.h"
@@ -126,9 +128,10 @@ class MetricsEndpoint::Impl {
     HttpServerOptions http;
     http.listen = options_.listen;
     http.max_connections = options_.max_connections;
-    http.header_timeout_ms = std::max(100, options_.header_timeout_ms);
-    http.idle_timeout_ms = std::max(100, options_.idle_timeout_ms);
-    http.write_timeout_ms = std::max(100, options_.write_timeout_ms);
+    constexpr absl::Duration kMinTimeout = absl::Milliseconds(100);
+    http.header_timeout = std::max(kMinTimeout, options_.header_timeout);
+    http.idle_timeout = std::max(kMinTimeout, options_.idle_timeout);
+    http.write_timeout = std::max(kMinTimeout, options_.write_timeout);
     absl::StatusOr<std::unique_ptr<HttpServer>> server =
         HttpServer::Start(http, [this](const HttpRequest& request, HttpResponder responder) {
           Handle(request, responder);

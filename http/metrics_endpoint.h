@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 
@@ -25,11 +26,11 @@ struct MetricsEndpointOptions {
   int max_connections = 1024;
   // A connection must send a whole request head within this time (from its start or, when kept
   // alive, from the head's first byte).
-  int header_timeout_ms = 5000;
+  absl::Duration header_timeout = absl::Seconds(5);
   // A kept-alive connection without a request is closed after this time.
-  int idle_timeout_ms = 30000;
+  absl::Duration idle_timeout = absl::Seconds(30);
   // A client must take a whole response within this time.
-  int write_timeout_ms = 10000;
+  absl::Duration write_timeout = absl::Seconds(10);
   // "USER:BCRYPT_HASH" lines (htpasswd -B, mkpasswd -m bcrypt); re-read when it changes. Empty:
   // no authentication.
   std::string basic_auth_file;

@@ -53,9 +53,8 @@ std::vector<NodeSeries> ErrorSeries(const HostSample& h) {
   return out;
 }
 
-}  // namespace
-
-void AppendNicMetrics(std::vector<HostMetric>* table) {
+// The ports read and left out, and each port's link layer.
+void AppendNicInventory(std::vector<HostMetric>* table) {
   std::vector<HostMetric>& t = *table;
   t.push_back(HostMetric{"nic_ports",
                          MetricType::Gauge,
@@ -105,6 +104,11 @@ void AppendNicMetrics(std::vector<HostMetric>* table) {
                          nullptr,
                          Importance::kNormal,
                          Scope::kAgentAndCollector});
+}
+
+// Each port's states and link.
+void AppendNicPortStates(std::vector<HostMetric>* table) {
+  std::vector<HostMetric>& t = *table;
   t.push_back(
       Port("nic_port_up", MetricType::Gauge,
            "1 when the port is ACTIVE (or ACTIVE_DEFER) and its physical link is LinkUp, else 0.",
@@ -147,6 +151,11 @@ void AppendNicMetrics(std::vector<HostMetric>* table) {
                        return IfSet(p.has_link_width(), p.link_width());
                      });
                    }));
+}
+
+// Each port's error and traffic counters.
+void AppendNicPortCounters(std::vector<HostMetric>* table) {
+  std::vector<HostMetric>& t = *table;
   t.push_back(HostMetric{"nic_port_errors_total",
                          MetricType::Counter,
                          "Port error counters, by sysfs counter name: symbol_error, "
@@ -181,6 +190,11 @@ void AppendNicMetrics(std::vector<HostMetric>* table) {
         });
       },
       Scope::kAgentOnly));
+}
+
+// The driver's own counters and the readings that failed.
+void AppendNicDriverReadings(std::vector<HostMetric>* table) {
+  std::vector<HostMetric>& t = *table;
   t.push_back(HostMetric{"nic_port_hw_counters_total",
                          MetricType::Counter,
                          "Driver counters of the port (hw_counters), by name; at most 64.",
@@ -221,6 +235,15 @@ void AppendNicMetrics(std::vector<HostMetric>* table) {
                          nullptr,
                          Importance::kNormal,
                          Scope::kAgentOnly});
+}
+
+}  // namespace
+
+void AppendNicMetrics(std::vector<HostMetric>* table) {
+  AppendNicInventory(table);
+  AppendNicPortStates(table);
+  AppendNicPortCounters(table);
+  AppendNicDriverReadings(table);
 }
 
 }  // namespace stepwatch::metrics

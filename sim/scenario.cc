@@ -76,6 +76,44 @@ bool KnownKind(const std::string& k) {
   return false;
 }
 
+// One entry of "faults", checked against the scenario's ranks, nodes and stages.
+absl::StatusOr<Fault> ParseFault(const Value& fv, const Scenario& sc) {
+  Fault f;
+  SW_SIM_CHECK(GetString(fv, "fault", "kind", &f.kind));
+  if (!KnownKind(f.kind)) {
+    return absl::InvalidArgumentError(absl::StrCat("fault: unknown kind \"", f.kind, "\""));
+  }
+  SW_SIM_CHECK(GetInt(fv, "fault", "onset", 0, sc.steps, &f.onset));
+  SW_SIM_CHECK(GetInt(fv, "fault", "end", -1, sc.steps, &f.end));
+  if (f.end >= 0 && f.end <= f.onset) {
+    return absl::InvalidArgumentError("fault: \"end\" must be after \"onset\"");
+  }
+  const int ranks = sc.nodes * sc.gpus_per_node;
+  SW_SIM_CHECK(GetSmallInt(fv, "fault", "rank", -1, ranks - 1, &f.rank));
+  SW_SIM_CHECK(GetSmallInt(fv, "fault", "node", -1, sc.nodes - 1, &f.node));
+  SW_SIM_CHECK(GetSmallInt(fv, "fault", "stage", -1, sc.pp_stages - 1, &f.stage));
+  SW_SIM_CHECK(GetSmallInt(fv, "fault", "nodes", 0, 4096, &f.nodes));
+  SW_SIM_CHECK(GetDouble(fv, "fault", "factor", 0.01, 100, &f.factor));
+  SW_SIM_CHECK(GetDouble(fv, "fault", "extra_s", 0, 3600, &f.extra_s));
+  if ((f.kind == "slow_rank" || f.kind == "throttled_gpu") && f.rank < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("fault ", f.kind, ": \"rank\" is required"));
+  }
+  if (f.kind == "slow_node" && f.node < 0) {
+    return absl::InvalidArgumentError("fault slow_node: \"node\" is required");
+  }
+  if (f.kind == "slow_stage" && f.stage < 0) {
+    return absl::InvalidArgumentError("fault slow_stage: \"stage\" is required");
+  }
+  if (f.kind == "rescale") {
+    if (f.nodes <= 0) return absl::InvalidArgumentError("fault rescale: \"nodes\" is required");
+    if ((f.nodes * sc.gpus_per_node) % sc.pp_stages != 0) {
+      return absl::InvalidArgumentError("fault rescale: pp_stages must divide the new ranks");
+    }
+    f.end = -1;
+  }
+  return f;
+}
+
 }  // namespace
 
 absl::StatusOr<Scenario> ParseScenario(absl::string_view text) {
@@ -138,40 +176,9 @@ absl::StatusOr<Scenario> ParseScenario(absl::string_view text) {
     if (!faults->is_array()) return FieldError(w, "faults", "an array");
     for (const Value& fv : faults->as_array()) {
       if (!fv.is_object()) return FieldError(w, "faults", "an array of objects");
-      Fault f;
-      SW_SIM_CHECK(GetString(fv, "fault", "kind", &f.kind));
-      if (!KnownKind(f.kind)) {
-        return absl::InvalidArgumentError(absl::StrCat("fault: unknown kind \"", f.kind, "\""));
-      }
-      SW_SIM_CHECK(GetInt(fv, "fault", "onset", 0, sc.steps, &f.onset));
-      SW_SIM_CHECK(GetInt(fv, "fault", "end", -1, sc.steps, &f.end));
-      if (f.end >= 0 && f.end <= f.onset) {
-        return absl::InvalidArgumentError("fault: \"end\" must be after \"onset\"");
-      }
-      const int ranks = sc.nodes * sc.gpus_per_node;
-      SW_SIM_CHECK(GetSmallInt(fv, "fault", "rank", -1, ranks - 1, &f.rank));
-      SW_SIM_CHECK(GetSmallInt(fv, "fault", "node", -1, sc.nodes - 1, &f.node));
-      SW_SIM_CHECK(GetSmallInt(fv, "fault", "stage", -1, sc.pp_stages - 1, &f.stage));
-      SW_SIM_CHECK(GetSmallInt(fv, "fault", "nodes", 0, 4096, &f.nodes));
-      SW_SIM_CHECK(GetDouble(fv, "fault", "factor", 0.01, 100, &f.factor));
-      SW_SIM_CHECK(GetDouble(fv, "fault", "extra_s", 0, 3600, &f.extra_s));
-      if ((f.kind == "slow_rank" || f.kind == "throttled_gpu") && f.rank < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("fault ", f.kind, ": \"rank\" is required"));
-      }
-      if (f.kind == "slow_node" && f.node < 0) {
-        return absl::InvalidArgumentError("fault slow_node: \"node\" is required");
-      }
-      if (f.kind == "slow_stage" && f.stage < 0) {
-        return absl::InvalidArgumentError("fault slow_stage: \"stage\" is required");
-      }
-      if (f.kind == "rescale") {
-        if (f.nodes <= 0) return absl::InvalidArgumentError("fault rescale: \"nodes\" is required");
-        if ((f.nodes * sc.gpus_per_node) % sc.pp_stages != 0) {
-          return absl::InvalidArgumentError("fault rescale: pp_stages must divide the new ranks");
-        }
-        f.end = -1;
-      }
-      sc.faults.push_back(f);
+      absl::StatusOr<Fault> f = ParseFault(fv, sc);
+      if (!f.ok()) return f.status();
+      sc.faults.push_back(*std::move(f));
     }
   }
   return sc;
@@ -254,6 +261,91 @@ double Generator::ThroughputFactor(int64_t step) const {
   return factor;
 }
 
+void Generator::AddStepEvents(int64_t step, int world, double step_seconds, const RankSplit& split,
+                              Tick* tick) {
+  const int per_stage = world / sc_.pp_stages;
+  tick->samples.reserve(world);
+  for (int r = 0; r < world; ++r) {
+    analysis::StepEvent s;
+    s.job = sc_.job;
+    s.rank = r;
+    s.world_size = world;
+    s.step = step;
+    const double busy = split.compute[r] + split.data[r];
+    s.step_seconds = step_seconds;
+    const double wait = step_seconds - busy;
+    if (sc_.report == Report::kFull) {
+      s.data_seconds = split.data[r];
+      s.compute_seconds = split.compute[r];
+      s.comm_seconds = wait;
+    } else if (sc_.report == Report::kStepComm) {
+      s.comm_seconds = wait;
+    }
+    if (sc_.samples_per_rank > 0) s.samples = sc_.samples_per_rank;
+    s.local_rank = r % sc_.gpus_per_node;
+    s.gpu = r % sc_.gpus_per_node;
+    if (sc_.pp_stages > 1) {
+      s.pp_stage = r / per_stage;
+      s.dp_rank = r % per_stage;
+      s.tp_rank = 0;
+    }
+    s.node = NodeName(r / sc_.gpus_per_node);
+    s.pid = 10000 + r;
+    s.received_unix_nanos = now_;
+    tick->samples.push_back(std::move(s));
+  }
+}
+
+void Generator::AddGpuAndHostSamples(int nodes, bool hung, double step_seconds,
+                                     const RankSplit& split,
+                                     std::normal_distribution<double>* normal, Tick* tick) {
+  if (elapsed_s_ < next_gpu_sample_) return;
+  while (next_gpu_sample_ <= elapsed_s_) next_gpu_sample_ += sc_.gpu_interval_s;
+  for (int n = 0; n < nodes; ++n) {
+    const std::string& node = NodeName(n);
+    for (int g = 0; g < sc_.gpus_per_node + sc_.idle_gpus_per_node; ++g) {
+      analysis::GpuSample x;
+      x.node = node;
+      x.index = g;
+      x.sampled_unix_nanos = now_;
+      x.sm_clock_max_mhz = kMaxClockMhz;
+      x.power_limit_watts = 400;
+      if (g >= sc_.gpus_per_node) {
+        x.utilization_ratio = 0;
+        x.sm_clock_mhz = 210;
+        x.power_watts = 60;
+        x.temperature_celsius = 35;
+        x.throttle_reasons = 0x1;  // idle
+        tick->gpus.push_back(std::move(x));
+        continue;
+      }
+      const int r = n * sc_.gpus_per_node + g;
+      // NVML utilization counts any running kernel, communication included: only the data wait
+      // leaves the GPU idle (or a hang, where the collective spins).
+      double util = hung ? 1.0 : 1 - split.data[r] / step_seconds;
+      util = util * split.gpu_util[r] * (1 + 0.01 * (*normal)(rng_));
+      x.utilization_ratio = std::clamp(util, 0.0, 1.0);
+      x.sm_clock_mhz = split.clock[r];
+      x.power_watts = split.throttled[r] ? 300 : 330;
+      x.temperature_celsius = split.throttled[r] ? 91 : 66;
+      x.throttle_reasons = split.throttled[r] ? kThermalThrottle : 0;
+      x.pids = {static_cast<uint32_t>(10000 + r)};
+      if (sc_.sm_activity) {
+        // SM activity counts compute only: waiting for data or for the collective is not.
+        const double sm = hung ? 0.0 : split.compute[r] / step_seconds * split.gpu_util[r];
+        x.sm_activity_ratio = std::clamp(sm * (1 + 0.01 * (*normal)(rng_)), 0.0, 1.0);
+      }
+      tick->gpus.push_back(std::move(x));
+    }
+    analysis::HostSample h;
+    h.node = node;
+    h.sampled_unix_nanos = now_;
+    h.cpu_count = 96;
+    h.cpu_utilization_ratio = split.host_busy[n] ? 0.98 : 0.35;
+    tick->hosts.push_back(std::move(h));
+  }
+}
+
 bool Generator::Next(Tick* tick) {
   if (step_ >= sc_.steps) return false;
   const int64_t k = step_++;
@@ -279,10 +371,13 @@ bool Generator::Next(Tick* tick) {
   tick->hosts.clear();
 
   // Per-rank split of this step.
-  std::vector<double> compute(world), data(world), gpu_util(world, 1.0);
-  std::vector<double> clock(world, kMaxClockMhz);
-  std::vector<bool> throttled(world, false);
-  std::vector<bool> host_busy(nodes, false);
+  RankSplit split;
+  split.compute.assign(world, 0);
+  split.data.assign(world, 0);
+  split.gpu_util.assign(world, 1.0);
+  split.clock.assign(world, kMaxClockMhz);
+  split.throttled.assign(world, false);
+  split.host_busy.assign(nodes, false);
   double max_busy = 0;
   const int per_stage = world / sc_.pp_stages;
   for (int r = 0; r < world; ++r) {
@@ -296,17 +391,17 @@ bool Generator::Next(Tick* tick) {
         c *= f.factor;  // the rank's whole busy time is `factor` slower
         d *= f.factor;
       }
-      if (f.kind == "slow_node" && f.node == r / sc_.gpus_per_node) host_busy[f.node] = true;
+      if (f.kind == "slow_node" && f.node == r / sc_.gpus_per_node) split.host_busy[f.node] = true;
       if (f.kind == "throttled_gpu" && f.rank == r) {
         c *= f.factor;
-        clock[r] = kMaxClockMhz / f.factor;
-        throttled[r] = true;
+        split.clock[r] = kMaxClockMhz / f.factor;
+        split.throttled[r] = true;
       }
-      if (f.kind == "low_gpu_util" && (f.rank < 0 || f.rank == r)) gpu_util[r] *= f.factor;
+      if (f.kind == "low_gpu_util" && (f.rank < 0 || f.rank == r)) split.gpu_util[r] *= f.factor;
     }
     d += data_extra;
-    compute[r] = c;
-    data[r] = d;
+    split.compute[r] = c;
+    split.data[r] = d;
     max_busy = std::max(max_busy, c + d);
   }
   const double comm =
@@ -321,85 +416,8 @@ bool Generator::Next(Tick* tick) {
     if (sc_.faults[i].end == k) truth_[i].end_unix_nanos = now_;
   }
 
-  if (!hung) {
-    tick->samples.reserve(world);
-    for (int r = 0; r < world; ++r) {
-      analysis::StepEvent s;
-      s.job = sc_.job;
-      s.rank = r;
-      s.world_size = world;
-      s.step = k;
-      const double busy = compute[r] + data[r];
-      s.step_seconds = step_seconds;
-      const double wait = step_seconds - busy;
-      if (sc_.report == Report::kFull) {
-        s.data_seconds = data[r];
-        s.compute_seconds = compute[r];
-        s.comm_seconds = wait;
-      } else if (sc_.report == Report::kStepComm) {
-        s.comm_seconds = wait;
-      }
-      if (sc_.samples_per_rank > 0) s.samples = sc_.samples_per_rank;
-      s.local_rank = r % sc_.gpus_per_node;
-      s.gpu = r % sc_.gpus_per_node;
-      if (sc_.pp_stages > 1) {
-        s.pp_stage = r / per_stage;
-        s.dp_rank = r % per_stage;
-        s.tp_rank = 0;
-      }
-      s.node = NodeName(r / sc_.gpus_per_node);
-      s.pid = 10000 + r;
-      s.received_unix_nanos = now_;
-      tick->samples.push_back(std::move(s));
-    }
-  }
-
-  if (elapsed_s_ >= next_gpu_sample_) {
-    while (next_gpu_sample_ <= elapsed_s_) next_gpu_sample_ += sc_.gpu_interval_s;
-    for (int n = 0; n < nodes; ++n) {
-      const std::string& node = NodeName(n);
-      for (int g = 0; g < sc_.gpus_per_node + sc_.idle_gpus_per_node; ++g) {
-        analysis::GpuSample x;
-        x.node = node;
-        x.index = g;
-        x.sampled_unix_nanos = now_;
-        x.sm_clock_max_mhz = kMaxClockMhz;
-        x.power_limit_watts = 400;
-        if (g >= sc_.gpus_per_node) {
-          x.utilization_ratio = 0;
-          x.sm_clock_mhz = 210;
-          x.power_watts = 60;
-          x.temperature_celsius = 35;
-          x.throttle_reasons = 0x1;  // idle
-          tick->gpus.push_back(std::move(x));
-          continue;
-        }
-        const int r = n * sc_.gpus_per_node + g;
-        // NVML utilization counts any running kernel, communication included: only the data wait
-        // leaves the GPU idle (or a hang, where the collective spins).
-        double util = hung ? 1.0 : 1 - data[r] / step_seconds;
-        util = util * gpu_util[r] * (1 + 0.01 * normal(rng_));
-        x.utilization_ratio = std::clamp(util, 0.0, 1.0);
-        x.sm_clock_mhz = clock[r];
-        x.power_watts = throttled[r] ? 300 : 330;
-        x.temperature_celsius = throttled[r] ? 91 : 66;
-        x.throttle_reasons = throttled[r] ? kThermalThrottle : 0;
-        x.pids = {static_cast<uint32_t>(10000 + r)};
-        if (sc_.sm_activity) {
-          // SM activity counts compute only: waiting for data or for the collective is not.
-          const double sm = hung ? 0.0 : compute[r] / step_seconds * gpu_util[r];
-          x.sm_activity_ratio = std::clamp(sm * (1 + 0.01 * normal(rng_)), 0.0, 1.0);
-        }
-        tick->gpus.push_back(std::move(x));
-      }
-      analysis::HostSample h;
-      h.node = node;
-      h.sampled_unix_nanos = now_;
-      h.cpu_count = 96;
-      h.cpu_utilization_ratio = host_busy[n] ? 0.98 : 0.35;
-      tick->hosts.push_back(std::move(h));
-    }
-  }
+  if (!hung) AddStepEvents(k, world, step_seconds, split, tick);
+  AddGpuAndHostSamples(nodes, hung, step_seconds, split, &normal, tick);
   return true;
 }
 

@@ -124,6 +124,18 @@ class Generator {
   bool Active(const Fault& f, int64_t step) const;
   const std::string& NodeName(int node);
 
+  // One step's work per rank (index = rank), and which nodes' hosts are busy (index = node).
+  struct RankSplit {
+    std::vector<double> compute, data, gpu_util, clock;
+    std::vector<bool> throttled, host_busy;
+  };
+  // The parts of Next: the step's events (none while hung), then the GPU and host samples when a
+  // sampling interval ended; `normal` is Next's distribution, so the random sequence stays one.
+  void AddStepEvents(int64_t step, int world, double step_seconds, const RankSplit& split,
+                     Tick* tick);
+  void AddGpuAndHostSamples(int nodes, bool hung, double step_seconds, const RankSplit& split,
+                            std::normal_distribution<double>* normal, Tick* tick);
+
   Scenario sc_;
   std::vector<Truth> truth_;
   std::mt19937_64 rng_;

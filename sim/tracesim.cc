@@ -111,6 +111,7 @@ SimResult Simulate(const DpTrace& t, const SimOptions& o) {
   SimResult r;
   for (const std::vector<RankStep>& rs : t.rank_steps) {
     std::vector<double> v;
+    v.reserve(rs.size());
     for (const RankStep& x : rs) v.push_back(x.step);
     r.measured_seconds += Median(std::move(v));
   }

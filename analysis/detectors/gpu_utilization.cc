@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "absl/time/time.h"
 #include "analysis/causes.h"
 #include "analysis/finding.h"
 #include "analysis/ring.h"
@@ -39,8 +40,9 @@ void GpuUtilizationDetector::OnAdvanceGpu(const EngineView& view, const GpuInfo&
     }
   }
   // Readings that stopped arriving prove nothing about the present.
-  const bool fresh = now - g.last.sampled_unix_nanos <= opt.underutil_window_nanos;
-  if (!st.flagged && fresh && now - st.below_since >= opt.underutil_window_nanos) {
+  const int64_t window = absl::ToInt64Nanoseconds(opt.underutil_window);
+  const bool fresh = now - g.last.sampled_unix_nanos <= window;
+  if (!st.flagged && fresh && now - st.below_since >= window) {
     st.flagged = true;
     st.flagged_since_nanos = st.below_since;
   }
@@ -107,7 +109,7 @@ Cause GpuUtilizationDetector::Attribute(const EngineView& view, const GpuInfo& g
   }
   const JobRecord* job = view.registry.FindJob(g.job);
   if (job == nullptr || job->summaries.empty() ||
-      x.sampled_unix_nanos - job->last_seen_nanos > opt.underutil_window_nanos) {
+      absl::Nanoseconds(x.sampled_unix_nanos - job->last_seen_nanos) > opt.underutil_window) {
     return Cause::kNoWork;
   }
   JobSnapshot s;

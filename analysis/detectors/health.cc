@@ -48,6 +48,7 @@ void GpuHealthDetector::EvaluateGpu(const EngineView& view, const GpuInfo& g, co
   const std::vector<HealthFault>& faults = g.health.faults();
   if (faults.empty()) return;
   std::vector<const HealthFault*> all;
+  all.reserve(faults.size());
   for (const HealthFault& x : faults) all.push_back(&x);
   Finding f = FromFaults(FindingKind::kGpuHealth, all);
   f.node = g.last.node;

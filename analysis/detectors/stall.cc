@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "absl/time/time.h"
 #include "analysis/finding.h"
 #include "analysis/ring.h"
 #include "analysis/stats.h"
@@ -20,7 +21,7 @@ void StallDetector::OnAdvance(const JobView& view, int64_t now, DetectorState* s
   if (job.max_step < 0 || st.Active(job)) return;
   const double median_step = job.summaries.empty() ? 0 : MedianStep(job.summaries, &scratch_);
   int64_t limit = std::max<int64_t>(
-      view.options.stall_floor_nanos,
+      absl::ToInt64Nanoseconds(view.options.stall_floor),
       static_cast<int64_t>(view.options.stall_multiple * median_step * kNanosPerSecond));
   if (now - job.last_progress_nanos > limit) {
     st.stalled = true;

@@ -333,8 +333,8 @@ RankScores* ScoreRank(const GroupStep& g, const Entry& e, const Entry* other, bo
   if (g.test != nullptr) {
     // A busier rank that did not wait less is not the one the other waited for.
     const double tested = waits_less ? paced_rel : std::min(paced_rel, 0.0);
-    const bool changed = UpdateSeriesTest(tested, waits_less ? abs : std::min(abs, 0.0),
-                                          paced ? 1.0 : self, *g.test, &r.busy);
+    const bool changed = UpdateSeriesForTest(tested, waits_less ? abs : std::min(abs, 0.0),
+                                             paced ? 1.0 : self, *g.test, &r.busy);
     if (changed && r.busy.flagged && r.busy.since_step == r.busy.tested_from) BackdateOnset(&r);
   }
   ObserveNoise(rel, &r.busy);
@@ -502,7 +502,7 @@ void StragglerDetector::ScoreSections(const JobView& view, const std::vector<Ent
       // Against the other peers of the reference, as for busy time (ScoreGroup).
       const double self = m >= 3 && in_reference_[k] && count > 1 ? count / (count - 1) : 1.0;
       const double rel = values[k].seconds / rank_ref - 1;
-      if (test) UpdateSeriesTest(rel, values[k].seconds - rank_ref, self, *test, &t);
+      if (test) UpdateSeriesForTest(rel, values[k].seconds - rank_ref, self, *test, &t);
       ObserveNoise(rel, &t);
     }
   }

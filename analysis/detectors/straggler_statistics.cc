@@ -61,7 +61,8 @@ TestRound::TestRound(double sigma, double min_effect_in, double h_in, double h_c
   }
 }
 
-bool UpdateSeriesTest(double rel, double abs, double self, const TestRound& round, SeriesTest* t) {
+bool UpdateSeriesForTest(double rel, double abs, double self, const TestRound& round,
+                         SeriesTest* t) {
   if (t->tested_from < 0) t->tested_from = round.step;
   // Two full steps reach the threshold (float sums must not fall short of it by a rounding).
   const double cap = round.h / 2 * (1 + 1e-6);

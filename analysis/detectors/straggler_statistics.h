@@ -72,7 +72,8 @@ struct TestRound {
 // includes the series itself with weight 1 / c (`self` = c / (c - 1) turns the excess into the one
 // over the others, for the effect's size; 1 when the reference leaves it out); true when its flag
 // changed. Exposed for tests of the statistics alone.
-bool UpdateSeriesTest(double rel, double abs, double self, const TestRound& round, SeriesTest* t);
+bool UpdateSeriesForTest(double rel, double abs, double self, const TestRound& round,
+                         SeriesTest* t);
 // Whether the series' evidence of a slowdown of at least `min_effect` is half-way to the flag
 // threshold `h`, or flagged: such a rank is left out of the reference (a quarter at most).
 bool IsSuspect(const SeriesTest& t, double h, double min_effect);

@@ -81,7 +81,7 @@ void Report(benchmark::State& state, int64_t batches) {
 
 void BM_ApplyBatch(benchmark::State& state) {
   const int world_size = static_cast<int>(state.range(0));
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorState collector({}, &clock);
   v1::ReportBatch batch = MakeBatch(world_size);
   const int64_t steps_per_batch = kStepsPerBatch / world_size;
@@ -91,7 +91,7 @@ void BM_ApplyBatch(benchmark::State& state) {
     auto ack = collector.Apply(batch);
     benchmark::DoNotOptimize(ack);
     ShiftSteps(&batch, steps_per_batch);
-    clock.Advance(steps_per_batch * 125'000'000);
+    clock.AdvanceTime(absl::Nanoseconds(steps_per_batch * 125'000'000));
     if (seq % 8 == 0) {
       // The ticker runs once a second of real time, not of data: at this rate its cost (rank
       // rows, findings; bench/collector/tick_bench) is not ingest's, so it is left out.
@@ -107,7 +107,7 @@ BENCHMARK(BM_ApplyBatch)->Arg(8)->Arg(1000)->ArgName("world_size")->Unit(benchma
 
 void BM_ParseAndApplyBatch(benchmark::State& state) {
   const int world_size = static_cast<int>(state.range(0));
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorState collector({}, &clock);
   const std::string wire = MakeBatch(world_size).SerializeAsString();
   const int64_t steps_per_batch = kStepsPerBatch / world_size;
@@ -120,7 +120,7 @@ void BM_ParseAndApplyBatch(benchmark::State& state) {
     ShiftSteps(&batch, static_cast<int64_t>(seq - 1) * steps_per_batch);
     auto ack = collector.Apply(batch);
     benchmark::DoNotOptimize(ack);
-    clock.Advance(steps_per_batch * 125'000'000);
+    clock.AdvanceTime(absl::Nanoseconds(steps_per_batch * 125'000'000));
     if (seq % 8 == 0) {
       state.PauseTiming();
       collector.Tick();
@@ -139,7 +139,7 @@ BENCHMARK(BM_ParseAndApplyBatch)
 
 // Duplicates (resent batches) must be cheap: they are acknowledged without touching the engine.
 void BM_ApplyDuplicateBatch(benchmark::State& state) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorState collector({}, &clock);
   v1::ReportBatch batch = MakeBatch(8);
   batch.set_seq(1);

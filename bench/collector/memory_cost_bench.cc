@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
   const int n = argc > 1 ? std::atoi(argv[1]) : 20000;
   std::printf("%-48s %12s %12s\n", "item", "heap B/item", "charged B");
   for (const Case& c : kCases) {
-    stepwatch::FakeClock clock;
+    stepwatch::SimulatedClock clock;
     CollectorStateOptions options;
     options.engine.window_steps = c.window_steps;
     options.max_nodes = 1 << 30;

@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   spec.nodes = argc > 1 ? std::atoi(argv[1]) : 10000;
   const int steps = argc > 2 ? std::atoi(argv[2]) : 20;
   spec.slow_rank = 3;
-  stepwatch::FakeClock clock;
+  stepwatch::SimulatedClock clock;
   CollectorStateOptions options;
   CollectorState state(options, &clock);
   const auto start = std::chrono::steady_clock::now();
@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
         std::abort();
       }
     }
-    clock.Advance(200'000'000);
+    clock.AdvanceTime(absl::Nanoseconds(200'000'000));
     state.Tick();
   }
   const StateSnapshot s = state.Snapshot();

@@ -1,7 +1,7 @@
 // What publishing the readers' view costs: the time each CollectorState::Tick() holds the ingest
 // mutex (engine advance, findings, every rank's row) and the part of it spent building the view,
 // for one job of 1,000 and 100,000 ranks with full step windows; and the time a scrape takes to
-// copy the published view. Run: collector_tick_bench --benchmark_counters_tabular=true
+// copy the published state. Run: collector_tick_bench --benchmark_counters_tabular=true
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -19,7 +19,7 @@ constexpr int64_t kStepNanos = 125'000'000;
 
 // A collector holding one job of `world_size` ranks, `kRanksPerNode` per node, after `steps`
 // complete steps (rank 3 slower than the others, so that one rank is flagged).
-std::unique_ptr<CollectorState> Fill(FakeClock* clock, int world_size, int steps) {
+std::unique_ptr<CollectorState> Fill(SimulatedClock* clock, int world_size, int steps) {
   CollectorStateOptions o;
   o.max_nodes = 1 << 20;
   o.engine.max_ranks_per_job = std::max(world_size, o.engine.max_ranks_per_job);
@@ -50,14 +50,14 @@ std::unique_ptr<CollectorState> Fill(FakeClock* clock, int world_size, int steps
       }
       if (!state->Apply(b).ok()) return nullptr;
     }
-    clock->Advance(kStepNanos);
+    clock->AdvanceTime(absl::Nanoseconds(kStepNanos));
   }
   return state;
 }
 
 void BM_Tick(benchmark::State& state) {
   const int world_size = static_cast<int>(state.range(0));
-  FakeClock clock;
+  SimulatedClock clock;
   std::unique_ptr<CollectorState> collector = Fill(&clock, world_size, 64);
   if (collector == nullptr) {
     state.SkipWithError("batch refused");
@@ -71,7 +71,7 @@ void BM_Tick(benchmark::State& state) {
   int rebuilds = 0;
   for (auto _ : state) {
     collector->Tick();
-    const std::shared_ptr<const PublishedView> view = collector->Published();
+    const std::shared_ptr<const PublishedState> view = collector->Published();
     locked += view->tick_locked_nanos / 1e6;
     build_locked += view->build_locked_nanos / 1e6;
     if (view->rank_rows_rebuilt) {
@@ -81,7 +81,7 @@ void BM_Tick(benchmark::State& state) {
     longest = std::max(longest, view->longest_hold_nanos / 1e6);
     build_unlocked += view->build_unlocked_nanos / 1e6;
   }
-  const std::shared_ptr<const PublishedView> view = collector->Published();
+  const std::shared_ptr<const PublishedState> view = collector->Published();
   if (view->snapshot.jobs.size() != 1 ||
       view->ranks.at("bench-job")->size() != static_cast<size_t>(world_size)) {
     state.SkipWithError("the view lacks the job or its ranks");
@@ -103,10 +103,10 @@ BENCHMARK(BM_Tick)
     ->UseRealTime()
     ->Iterations(10);
 
-// What a /metrics scrape pays to copy the published view (outside the ingest mutex).
+// What a /metrics scrape pays to copy the published state (outside the ingest mutex).
 void BM_Snapshot(benchmark::State& state) {
   const int world_size = static_cast<int>(state.range(0));
-  FakeClock clock;
+  SimulatedClock clock;
   std::unique_ptr<CollectorState> collector = Fill(&clock, world_size, 64);
   if (collector == nullptr) {
     state.SkipWithError("batch refused");

@@ -94,7 +94,7 @@ std::map<std::string, double> Flatten(const std::vector<prometheus::MetricFamily
   return out;
 }
 
-TEST(AgentMetricsTest, ExposesHealthAndNodeView) {
+TEST(AgentMetricsTest, ExposesHealthAndNodeSnapshot) {
   AgentCollectable c(FakeSources());
   const auto values = Flatten(c.Collect());
   auto v = [&](const std::string& key) {

@@ -42,7 +42,7 @@ class IngestServerTest : public ::testing::Test {
   }
   test::TempDir temp_dir_{"stepwatch-agent-test"};
   const std::string dir_ = temp_dir_.path();
-  FakeClock clock_;
+  SimulatedClock clock_;
 };
 
 TEST_F(IngestServerTest, ReceivesValidEventsWithSenderPidAndTime) {

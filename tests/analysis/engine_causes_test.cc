@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "analysis/engine.h"
 #include "tests/analysis/job_driver.h"
 #include "tests/testing/status_matchers.h"
@@ -216,7 +217,7 @@ TEST(EngineCauseTest, StallCausesAndRanks) {
 
 TEST(EngineCauseTest, GpuFindingCauses) {
   EngineOptions o;
-  o.underutil_window_nanos = 5 * kSec;
+  o.underutil_window = absl::Seconds(5);
   Engine e(o);
   JobDriver d(&e, "j", 1, 4, 0.05);
   d.split = [](int, int64_t) { return Split{0.2, 0.3}; };  // data-bound

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "analysis/engine.h"
 #include "tests/analysis/job_driver.h"
 #include "tests/testing/status_matchers.h"
@@ -52,7 +53,7 @@ TEST(EngineTest, UnderutilizedGpuFlaggedWithinWindowWithDataCause) {
 
 TEST(EngineTest, UnderutilizationCauses) {
   EngineOptions o;
-  o.underutil_window_nanos = 5 * kSec;
+  o.underutil_window = absl::Seconds(5);
   {
     Engine e(o);
     JobDriver d(&e, "j", 1, 4, 0.05);
@@ -107,7 +108,7 @@ TEST(EngineTest, UnderutilizationCauses) {
 
 TEST(EngineTest, GpuWithoutProcessIsIdleCapacityNotAJobProblem) {
   EngineOptions o;
-  o.underutil_window_nanos = 5 * kSec;
+  o.underutil_window = absl::Seconds(5);
   Engine e(o);
   for (int i = 0; i <= 6; ++i) {
     e.AddGpu(Reading("node-9", 7, kT0 + i * kSec, 0.0, {}));
@@ -246,7 +247,7 @@ TEST(EngineTest, StallNamesSilentAndWaitingRanks) {
 
 TEST(EngineTest, JobWhoseRanksAllExitedFinishesInsteadOfStalling) {
   EngineOptions o;
-  o.underutil_window_nanos = 5 * kSec;
+  o.underutil_window = absl::Seconds(5);
   Engine e(o);
   JobDriver d(&e, "j", 1, 4, 0.1);
   d.Run(50);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "tests/analysis/job_driver.h"
 #include "tests/testing/status_matchers.h"
 
@@ -194,7 +195,7 @@ TEST(EngineTest, DeterministicAcrossRuns) {
 TEST(EngineTest, PendingStepsAreBounded) {
   EngineOptions o;
   o.max_pending_steps = 8;
-  o.step_grace_nanos = 1'000'000 * kSec;
+  o.step_grace = absl::Seconds(1'000'000);
   Engine e(o);
   for (int64_t step = 0; step < 100; ++step) {  // rank 1 of 2 never reports
     StepEvent s;

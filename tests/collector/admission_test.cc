@@ -13,6 +13,7 @@
 #include "common/clock.h"
 #include "gtest/gtest.h"
 #include "tests/collector/test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::collector {
 namespace {
@@ -66,21 +67,21 @@ std::vector<std::string> RankNodes(const CollectorState& state, const std::strin
 }
 
 TEST(AdmissionTest, AnotherNodeCannotInjectStepsOrEndTheRanksOfARunningJob) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorState state({}, &clock);
   uint64_t a_seq = 0;
   uint64_t b_seq = 0;
   for (int step = 0; step < 40; ++step) {
-    ASSERT_TRUE(state.Apply(RanksFrom("node-a", ++a_seq, "train", 4, step, {0, 1, 2, 3})).ok());
+    ASSERT_OK(state.Apply(RanksFrom("node-a", ++a_seq, "train", 4, step, {0, 1, 2, 3})));
     if (step == 20) {
       // node-b sends one (slow) step for every rank, then their exits.
       ASSERT_TRUE(
           state.Apply(RanksFrom("node-b", ++b_seq, "train", 4, step + 1, {0, 1, 2, 3}, 0.5)).ok());
       v1::ReportBatch exits = EmptyBatch("node-b", ++b_seq);
       for (int r = 0; r < 4; ++r) *exits.add_rank_exits() = Exit("train", r);
-      ASSERT_TRUE(state.Apply(exits).ok());
+      ASSERT_OK(state.Apply(exits));
     }
-    clock.Advance(kSecond / 5);
+    clock.AdvanceTime(absl::Milliseconds(200));
     state.Tick();
   }
   const StateSnapshot s = state.Snapshot();
@@ -101,19 +102,19 @@ TEST(AdmissionTest, AnotherNodeCannotInjectStepsOrEndTheRanksOfARunningJob) {
 }
 
 TEST(AdmissionTest, AnotherNodeCannotRescaleAJobWhoseRanksRunElsewhere) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorState state({}, &clock);
-  ASSERT_TRUE(state.Apply(RanksFrom("node-a", 1, "train", 2, 0, {0, 1})).ok());
+  ASSERT_OK(state.Apply(RanksFrom("node-a", 1, "train", 2, 0, {0, 1})));
   // A new rank in a larger world would reset the job: refused from a node that holds none of it.
-  ASSERT_TRUE(state.Apply(RanksFrom("node-b", 1, "train", 3, 1, {2})).ok());
+  ASSERT_OK(state.Apply(RanksFrom("node-b", 1, "train", 3, 1, {2})));
   state.Tick();
   StateSnapshot s = state.Snapshot();
   EXPECT_EQ(NodeRefusals(s.counters, "node-b", "job_foreign"), 1u);
   ASSERT_EQ(s.jobs.size(), 1u);
   EXPECT_EQ(s.jobs[0].world_size, 2);
   // Its own node may rescale it; then the new rank is anyone's to report.
-  ASSERT_TRUE(state.Apply(RanksFrom("node-a", 2, "train", 3, 1, {0, 1})).ok());
-  ASSERT_TRUE(state.Apply(RanksFrom("node-b", 2, "train", 3, 1, {2})).ok());
+  ASSERT_OK(state.Apply(RanksFrom("node-a", 2, "train", 3, 1, {0, 1})));
+  ASSERT_OK(state.Apply(RanksFrom("node-b", 2, "train", 3, 1, {2})));
   state.Tick();
   s = state.Snapshot();
   EXPECT_EQ(NodeRefusals(s.counters, "node-b", "job_foreign"), 1u);
@@ -123,27 +124,27 @@ TEST(AdmissionTest, AnotherNodeCannotRescaleAJobWhoseRanksRunElsewhere) {
 }
 
 TEST(AdmissionTest, ARankIsTakenOverOnceItsNodeWasSilentForExpire) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorStateOptions o;
   o.expire_nanos = 60 * kSecond;
   CollectorState state(o, &clock);
   uint64_t a_seq = 0;
   uint64_t b_seq = 0;
-  ASSERT_TRUE(state.Apply(RanksFrom("node-a", ++a_seq, "train", 4, 0, {0, 1})).ok());
-  ASSERT_TRUE(state.Apply(RanksFrom("node-b", ++b_seq, "train", 4, 0, {2, 3})).ok());
+  ASSERT_OK(state.Apply(RanksFrom("node-a", ++a_seq, "train", 4, 0, {0, 1})));
+  ASSERT_OK(state.Apply(RanksFrom("node-b", ++b_seq, "train", 4, 0, {2, 3})));
   // While node-a reports ranks 0 and 1, they are its own.
-  ASSERT_TRUE(state.Apply(RanksFrom("node-b", ++b_seq, "train", 4, 1, {0, 1, 2, 3})).ok());
+  ASSERT_OK(state.Apply(RanksFrom("node-b", ++b_seq, "train", 4, 1, {0, 1, 2, 3})));
   state.Tick();
   EXPECT_EQ(NodeRefusals(state.Snapshot().counters, "node-b", "rank_foreign"), 2u);
   // node-a keeps reporting rank 0 (so it stays, as does the node) but not rank 1.
   for (int step = 2; step < 9; ++step) {
-    clock.Advance(10 * kSecond);
-    ASSERT_TRUE(state.Apply(RanksFrom("node-a", ++a_seq, "train", 4, step, {0})).ok());
-    ASSERT_TRUE(state.Apply(RanksFrom("node-b", ++b_seq, "train", 4, step, {2, 3})).ok());
+    clock.AdvanceTime(absl::Seconds(10));
+    ASSERT_OK(state.Apply(RanksFrom("node-a", ++a_seq, "train", 4, step, {0})));
+    ASSERT_OK(state.Apply(RanksFrom("node-b", ++b_seq, "train", 4, step, {2, 3})));
     state.Tick();
   }
   // Rank 1 was last seen 70 s ago: node-b takes it over; rank 0 is still node-a's.
-  ASSERT_TRUE(state.Apply(RanksFrom("node-b", ++b_seq, "train", 4, 9, {0, 1, 2, 3})).ok());
+  ASSERT_OK(state.Apply(RanksFrom("node-b", ++b_seq, "train", 4, 9, {0, 1, 2, 3})));
   state.Tick();
   StateSnapshot s = state.Snapshot();
   EXPECT_EQ(s.counters.rank_takeovers, 1u);
@@ -152,11 +153,11 @@ TEST(AdmissionTest, ARankIsTakenOverOnceItsNodeWasSilentForExpire) {
             std::vector<std::string>({"node-a", "node-b", "node-b", "node-b"}));
   // node-a falls silent: once forgotten (with its ranks), rank 0 moves too.
   for (int step = 10; step < 18; ++step) {
-    clock.Advance(10 * kSecond);
-    ASSERT_TRUE(state.Apply(RanksFrom("node-b", ++b_seq, "train", 4, step, {1, 2, 3})).ok());
+    clock.AdvanceTime(absl::Seconds(10));
+    ASSERT_OK(state.Apply(RanksFrom("node-b", ++b_seq, "train", 4, step, {1, 2, 3})));
     state.Tick();
   }
-  ASSERT_TRUE(state.Apply(RanksFrom("node-b", ++b_seq, "train", 4, 18, {0, 1, 2, 3})).ok());
+  ASSERT_OK(state.Apply(RanksFrom("node-b", ++b_seq, "train", 4, 18, {0, 1, 2, 3})));
   state.Tick();
   s = state.Snapshot();
   EXPECT_EQ(Count(s.counters.expired, std::string("node")), 1u);
@@ -166,14 +167,14 @@ TEST(AdmissionTest, ARankIsTakenOverOnceItsNodeWasSilentForExpire) {
 }
 
 TEST(AdmissionTest, AnExitedOrReleasedRankIsTakenOverAtOnce) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorState state({}, &clock);
-  ASSERT_TRUE(state.Apply(RanksFrom("node-a", 1, "train", 3, 0, {0, 1, 2})).ok());
+  ASSERT_OK(state.Apply(RanksFrom("node-a", 1, "train", 3, 0, {0, 1, 2})));
   v1::ReportBatch exits = RanksFrom("node-a", 2, "train", 3, 1, {1, 2});
   *exits.add_rank_exits() = Exit("train", 0);
-  ASSERT_TRUE(state.Apply(exits).ok());
+  ASSERT_OK(state.Apply(exits));
   // Rank 0's process exited on node-a: it restarts on node-b.
-  ASSERT_TRUE(state.Apply(RanksFrom("node-b", 1, "train", 3, 2, {0})).ok());
+  ASSERT_OK(state.Apply(RanksFrom("node-b", 1, "train", 3, 2, {0})));
   state.Tick();
   StateSnapshot s = state.Snapshot();
   EXPECT_EQ(s.counters.rank_takeovers, 1u);
@@ -182,13 +183,13 @@ TEST(AdmissionTest, AnExitedOrReleasedRankIsTakenOverAtOnce) {
   // Now node-a cannot end it, node-b can.
   v1::ReportBatch forged = EmptyBatch("node-a", 3);
   *forged.add_rank_exits() = Exit("train", 0);
-  ASSERT_TRUE(state.Apply(forged).ok());
+  ASSERT_OK(state.Apply(forged));
   state.Tick();
   EXPECT_EQ(NodeRefusals(state.Snapshot().counters, "node-a", "rank_exit_foreign"), 1u);
 }
 
 TEST(AdmissionTest, OneNodeCannotOpenMoreThanItsShareOfJobs) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorStateOptions o;
   o.engine.max_jobs = 10;
   o.max_jobs_per_node = 3;
@@ -199,10 +200,10 @@ TEST(AdmissionTest, OneNodeCannotOpenMoreThanItsShareOfJobs) {
         state.Apply(RanksFrom("node-b", ++seq, "invented-" + std::to_string(j), 1, 0, {0})).ok());
   }
   // Other nodes' new jobs are still admitted.
-  ASSERT_TRUE(state.Apply(RanksFrom("node-a", 1, "real", 2, 0, {0, 1})).ok());
+  ASSERT_OK(state.Apply(RanksFrom("node-a", 1, "real", 2, 0, {0, 1})));
   // A node may join a job another node opened: that is not opening one.
-  ASSERT_TRUE(state.Apply(RanksFrom("node-a", 2, "shared", 2, 0, {0})).ok());
-  ASSERT_TRUE(state.Apply(RanksFrom("node-b", ++seq, "shared", 2, 0, {1})).ok());
+  ASSERT_OK(state.Apply(RanksFrom("node-a", 2, "shared", 2, 0, {0})));
+  ASSERT_OK(state.Apply(RanksFrom("node-b", ++seq, "shared", 2, 0, {1})));
   state.Tick();
   StateSnapshot s = state.Snapshot();
   EXPECT_EQ(s.jobs.size(), 5u);  // invented-0..2, real, shared
@@ -214,21 +215,21 @@ TEST(AdmissionTest, OneNodeCannotOpenMoreThanItsShareOfJobs) {
   // A slot comes back when one of its jobs ends.
   v1::ReportBatch exits = EmptyBatch("node-b", ++seq);
   *exits.add_rank_exits() = Exit("invented-0", 0);
-  ASSERT_TRUE(state.Apply(exits).ok());
-  ASSERT_TRUE(state.Apply(RanksFrom("node-b", ++seq, "invented-9", 1, 0, {0})).ok());
+  ASSERT_OK(state.Apply(exits));
+  ASSERT_OK(state.Apply(RanksFrom("node-b", ++seq, "invented-9", 1, 0, {0})));
   state.Tick();
   s = state.Snapshot();
   EXPECT_EQ(s.counters.jobs_finished, 1u);
   EXPECT_EQ(NodeRefusals(s.counters, "node-b", "jobs_per_node"), 5u);
-  EXPECT_TRUE(state.Explain("invented-9").ok());
+  EXPECT_OK(state.Explain("invented-9"));
 }
 
 TEST(AdmissionTest, RefusalsNameAtMost64Nodes) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorState state({}, &clock);
-  ASSERT_TRUE(state.Apply(RanksFrom("holder", 1, "train", 1, 0, {0})).ok());
+  ASSERT_OK(state.Apply(RanksFrom("holder", 1, "train", 1, 0, {0})));
   for (int n = 0; n < 70; ++n) {
-    ASSERT_TRUE(state.Apply(RanksFrom("forger-" + std::to_string(n), 1, "train", 1, 1, {0})).ok());
+    ASSERT_OK(state.Apply(RanksFrom("forger-" + std::to_string(n), 1, "train", 1, 1, {0})));
   }
   state.Tick();
   const StateSnapshot s = state.Snapshot();
@@ -238,7 +239,7 @@ TEST(AdmissionTest, RefusalsNameAtMost64Nodes) {
 }
 
 TEST(AdmissionTest, IdentifiersOutOfBoundsRefuseTheBatch) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorState state({}, &clock);
   v1::ReportBatch b = StepBatch("n0", 1, "job", 2, 0, 0.1);
   b.set_boot_id(std::string(kMaxBootIdBytes + 1, 'b'));
@@ -256,7 +257,7 @@ TEST(AdmissionTest, IdentifiersOutOfBoundsRefuseTheBatch) {
   b = StepBatch("n0", 1, "job", 2, 0, 0.1);
   b.set_boot_id(std::string(kMaxBootIdBytes, 'b'));
   b.set_agent_id(std::string(kMaxNodeNameBytes, 'a'));
-  EXPECT_TRUE(state.Apply(b).ok());
+  EXPECT_OK(state.Apply(b));
   state.Tick();
   const StateSnapshot s = state.Snapshot();
   EXPECT_EQ(Count(s.counters.malformed, std::string("bad_field")), 3u);
@@ -275,7 +276,7 @@ TEST(AdmissionTest, IdentifiersOutOfBoundsRefuseTheBatch) {
 }
 
 TEST(AdmissionTest, OtherFieldsOutOfBoundsRefuseTheirItemAndTheRestApplies) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorState state({}, &clock);
   v1::ReportBatch b = StepBatch("n0", 1, "job", 2, 0, 0.1);
   b.mutable_node()->set_hostname(std::string(4 << 20, 'h'));
@@ -292,7 +293,7 @@ TEST(AdmissionTest, OtherFieldsOutOfBoundsRefuseTheirItemAndTheRestApplies) {
   fine->set_index(3);
   fine->set_name("NVIDIA H100 80GB HBM3");
   b.mutable_host()->set_memory_bandwidth_source(std::string(kMaxHostTextBytes + 1, 's'));
-  ASSERT_TRUE(state.Apply(b).ok());
+  ASSERT_OK(state.Apply(b));
   state.Tick();
   const StateSnapshot s = state.Snapshot();
   const auto refused = [&](const char* field, const char* reason) {
@@ -319,7 +320,7 @@ TEST(AdmissionTest, OtherFieldsOutOfBoundsRefuseTheirItemAndTheRestApplies) {
 }
 
 TEST(AdmissionTest, KeptStringsAreChargedAndEveryChargeIsReturned) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorStateOptions o;
   o.expire_nanos = 60 * kSecond;
   CollectorState state(o, &clock);
@@ -337,7 +338,7 @@ TEST(AdmissionTest, KeptStringsAreChargedAndEveryChargeIsReturned) {
   g->set_name(std::string(kMaxGpuTextBytes, 'g'));
   for (int i = 0; i < kMaxGpuPids; ++i) g->add_pids(i);
   b.mutable_host()->set_memory_bandwidth_source(std::string(kMaxHostTextBytes, 's'));
-  ASSERT_TRUE(state.Apply(b).ok());
+  ASSERT_OK(state.Apply(b));
   const int64_t plain = c.node + c.gpu + c.job + 2 * (c.rank_slot + c.rank);
   const int64_t accounted = state.MemoryAccountedBytes();
   // Node name, agent id, host name, NVML error, GPU strings and pids, job name, host source.
@@ -346,15 +347,15 @@ TEST(AdmissionTest, KeptStringsAreChargedAndEveryChargeIsReturned) {
   EXPECT_EQ(accounted - plain, text);
   // The same description again costs nothing more; a shorter one gives back the difference.
   b.set_seq(2);
-  ASSERT_TRUE(state.Apply(b).ok());
+  ASSERT_OK(state.Apply(b));
   EXPECT_EQ(state.MemoryAccountedBytes(), accounted);
   b.set_seq(3);
   b.mutable_node()->clear_nvml_error();
   b.clear_steps();
-  ASSERT_TRUE(state.Apply(b).ok());
+  ASSERT_OK(state.Apply(b));
   EXPECT_EQ(state.MemoryAccountedBytes(), accounted - 4097);
   // Everything forgotten: every charge returned.
-  clock.Advance(61 * kSecond);
+  clock.AdvanceTime(absl::Seconds(61));
   state.Tick();
   EXPECT_EQ(state.MemoryAccountedBytes(), 0);
   state.Tick();

@@ -6,6 +6,7 @@
 
 #include "analysis/engine.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::collector {
 namespace {
@@ -167,7 +168,7 @@ TEST(ConvertTest, EngineStallEvidenceReachesTheProto) {
       s.step_seconds = 1.0;
       s.node = "node-0";
       s.received_unix_nanos = (step + 1) * kSecond;
-      ASSERT_TRUE(engine.AddStep(s).ok());
+      ASSERT_OK(engine.AddStep(s));
     }
   }
   engine.Advance(5 * kSecond + 40 * kSecond);

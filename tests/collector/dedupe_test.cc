@@ -12,9 +12,13 @@
 
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::collector {
 namespace {
+
+using ::stepwatch::test::StatusIs;
+using ::testing::HasSubstr;
 
 TEST(BatchDeduperTest, InOrderBatchesMoveTheWatermark) {
   BatchDeduper d;
@@ -144,9 +148,9 @@ class JournalTest : public ::testing::Test {
     BatchDeduper::Result r = d->Observe(agent, boot, seq, base);
     if (!r.duplicate) {
       BatchDeduper::Sync s;
-      EXPECT_TRUE(d->Commit(agent, boot, seq, base, &s).ok());
+      EXPECT_OK(d->Commit(agent, boot, seq, base, &s));
       if (sync) {
-        EXPECT_TRUE(s.Wait().ok());
+        EXPECT_OK(s.Wait());
       }
     }
     return r;
@@ -160,14 +164,14 @@ class JournalTest : public ::testing::Test {
 TEST_F(JournalTest, AppliedBatchesAreDuplicatesAfterARestart) {
   {
     BatchDeduper d(Options());
-    ASSERT_TRUE(d.OpenJournal().ok());
+    ASSERT_OK(d.OpenJournal());
     for (uint64_t seq = 1; seq <= 3; ++seq) Apply(&d, "a", "boot1", seq, 1);
     Apply(&d, "a", "boot1", 5, 1);  // out of order: 4 still missing
     Apply(&d, "b", "boot9", 7, 7);  // a fresh stream starting at its base
     EXPECT_EQ(d.journal_records(), 5u);
   }  // the process dies: only the file remains
   BatchDeduper d(Options());
-  ASSERT_TRUE(d.OpenJournal().ok());
+  ASSERT_OK(d.OpenJournal());
   for (uint64_t seq = 1; seq <= 3; ++seq) EXPECT_TRUE(d.Observe("a", "boot1", seq, 1).duplicate);
   EXPECT_TRUE(d.Observe("a", "boot1", 5, 1).duplicate);
   EXPECT_TRUE(d.Observe("b", "boot9", 7, 7).duplicate);
@@ -182,12 +186,12 @@ TEST_F(JournalTest, ObservedButNotCommittedIsCountedAgain) {
   // A collector killed between Observe and Commit never acknowledged, nor showed, the batch.
   {
     BatchDeduper d(Options());
-    ASSERT_TRUE(d.OpenJournal().ok());
+    ASSERT_OK(d.OpenJournal());
     Apply(&d, "a", "b", 1, 1);
     EXPECT_FALSE(d.Observe("a", "b", 2, 1).duplicate);
   }
   BatchDeduper d(Options());
-  ASSERT_TRUE(d.OpenJournal().ok());
+  ASSERT_OK(d.OpenJournal());
   EXPECT_TRUE(d.Observe("a", "b", 1, 1).duplicate);
   EXPECT_FALSE(d.Observe("a", "b", 2, 1).duplicate);
 }
@@ -195,7 +199,7 @@ TEST_F(JournalTest, ObservedButNotCommittedIsCountedAgain) {
 TEST_F(JournalTest, TornTailIsCutAndReported) {
   {
     BatchDeduper d(Options());
-    ASSERT_TRUE(d.OpenJournal().ok());
+    ASSERT_OK(d.OpenJournal());
     Apply(&d, "a", "b", 1, 1);
     Apply(&d, "a", "b", 2, 1);
   }
@@ -211,18 +215,18 @@ TEST_F(JournalTest, TornTailIsCutAndReported) {
   EXPECT_TRUE(d.Observe("a", "b", 2, 1).duplicate);
   EXPECT_FALSE(d.Observe("a", "b", 3, 1).duplicate);
   BatchDeduper::Sync sync;
-  ASSERT_TRUE(d.Commit("a", "b", 3, 1, &sync).ok());
-  ASSERT_TRUE(sync.Wait().ok());
+  ASSERT_OK(d.Commit("a", "b", 3, 1, &sync));
+  ASSERT_OK(sync.Wait());
   // The cut file takes appends again and reads back whole.
   BatchDeduper again(Options());
-  EXPECT_TRUE(again.OpenJournal().ok());
+  EXPECT_OK(again.OpenJournal());
   EXPECT_TRUE(again.Observe("a", "b", 3, 1).duplicate);
 }
 
 TEST_F(JournalTest, DamagedRecordInTheMiddleCostsOnlyThatRecord) {
   {
     BatchDeduper d(Options());
-    ASSERT_TRUE(d.OpenJournal().ok());
+    ASSERT_OK(d.OpenJournal());
     for (uint64_t seq = 1; seq <= 3; ++seq) Apply(&d, "a", "b", seq, 1);
   }
   // The file is the magic (8 bytes), then the records; flip one byte of the second record.
@@ -255,7 +259,7 @@ TEST_F(JournalTest, EveryFlippedByteCostsOnlyTheRecordThatHoldsIt) {
   const std::string path = (dir_ / "dedupe.journal").string();
   {
     DedupeJournal j(path);
-    ASSERT_TRUE(j.Rewrite(records).ok());
+    ASSERT_OK(j.Rewrite(records));
   }
   std::string whole;
   {
@@ -283,7 +287,7 @@ TEST_F(JournalTest, EveryFlippedByteCostsOnlyTheRecordThatHoldsIt) {
       DedupeJournal j(path);
       DedupeJournal::ReadStats stats;
       absl::StatusOr<std::vector<DedupeJournal::Record>> read = j.Read(&stats);
-      ASSERT_TRUE(read.ok()) << read.status();
+      ASSERT_OK(read);
       std::vector<uint64_t> expected;
       for (size_t k = 0; k < records.size(); ++k) {
         if (k != hit) expected.push_back(records[k].seq);
@@ -320,7 +324,7 @@ TEST_F(JournalTest, ResynchronisationIsBoundedOnAFileOfFalseRecordStarts) {
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<DedupeJournal::Record>> read = j.Read(&stats);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ASSERT_TRUE(read.ok());
+  ASSERT_OK(read);
   ASSERT_GE(read->size(), 1u);
   EXPECT_EQ((*read)[0].seq, 1u);
   EXPECT_GT(stats.damaged_records, 65536u);
@@ -339,7 +343,7 @@ TEST_F(JournalTest, FirstFormatJournalIsReadAndRewrittenInTheCurrentOne) {
   }
   {
     BatchDeduper d(Options());
-    ASSERT_TRUE(d.OpenJournal().ok());
+    ASSERT_OK(d.OpenJournal());
     EXPECT_TRUE(d.Observe("a", "b", 3, 1).duplicate);
     EXPECT_TRUE(d.Observe("c", "d", 5, 5).duplicate);
     EXPECT_FALSE(d.Observe("a", "b", 4, 1).duplicate);
@@ -349,14 +353,14 @@ TEST_F(JournalTest, FirstFormatJournalIsReadAndRewrittenInTheCurrentOne) {
   f.read(head.data(), 8);
   EXPECT_EQ(head, "SWDEDUP2");
   BatchDeduper d(Options());
-  ASSERT_TRUE(d.OpenJournal().ok());
+  ASSERT_OK(d.OpenJournal());
   EXPECT_TRUE(d.Observe("a", "b", 2, 1).duplicate);
   EXPECT_TRUE(d.Observe("c", "d", 5, 5).duplicate);
 }
 
 TEST_F(JournalTest, CompactionBoundsTheFileAndKeepsTheState) {
   BatchDeduper d(Options(/*compact_after=*/100));
-  ASSERT_TRUE(d.OpenJournal().ok());
+  ASSERT_OK(d.OpenJournal());
   // 10,000 in-order batches of one stream: the live state is one watermark.
   for (uint64_t seq = 1; seq <= 10000; ++seq) Apply(&d, "agent", "boot", seq, 1, /*sync=*/false);
   EXPECT_LE(d.journal_records(), 100u);
@@ -367,7 +371,7 @@ TEST_F(JournalTest, CompactionBoundsTheFileAndKeepsTheState) {
   Apply(&d, "agent", "boot", 10002, 1);
   for (uint64_t seq = 1; seq <= 300; ++seq) Apply(&d, "other", "boot", seq, 1, /*sync=*/false);
   BatchDeduper restarted(Options(100));
-  ASSERT_TRUE(restarted.OpenJournal().ok());
+  ASSERT_OK(restarted.OpenJournal());
   EXPECT_TRUE(restarted.Observe("agent", "boot", 10000, 1).duplicate);
   EXPECT_TRUE(restarted.Observe("agent", "boot", 10002, 1).duplicate);
   EXPECT_TRUE(restarted.Observe("other", "boot", 300, 1).duplicate);
@@ -381,12 +385,13 @@ TEST_F(JournalTest, UnwritableJournalIsAnErrorNotACrash) {
   DeduperOptions o;
   o.journal_path = (dir_ / "missing-dir" / "dedupe.journal").string();
   BatchDeduper d(o);
-  EXPECT_FALSE(d.OpenJournal().ok());
+  EXPECT_THAT(d.OpenJournal(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot create")));
   // Deduplication goes on in memory.
   EXPECT_FALSE(d.Observe("a", "b", 1, 1).duplicate);
   BatchDeduper::Sync sync;
-  EXPECT_TRUE(d.Commit("a", "b", 1, 1, &sync).ok());
-  EXPECT_TRUE(sync.Wait().ok());
+  EXPECT_OK(d.Commit("a", "b", 1, 1, &sync));
+  EXPECT_OK(sync.Wait());
   EXPECT_TRUE(d.Observe("a", "b", 1, 1).duplicate);
 }
 
@@ -394,7 +399,7 @@ TEST_F(JournalTest, OverlongIdsAreRefusedAndDoNotDamageTheJournal) {
   const std::string long_boot(2000, 'b');
   {
     BatchDeduper d(Options());
-    ASSERT_TRUE(d.OpenJournal().ok());
+    ASSERT_OK(d.OpenJournal());
     Apply(&d, "a", "b", 1, 1);
     BatchDeduper::Sync sync;
     ASSERT_FALSE(d.Observe("a", long_boot, 1, 1).duplicate);
@@ -403,21 +408,21 @@ TEST_F(JournalTest, OverlongIdsAreRefusedAndDoNotDamageTheJournal) {
     Apply(&d, "a", "b", 2, 1);
   }
   BatchDeduper d(Options());
-  EXPECT_TRUE(d.OpenJournal().ok());  // nothing torn
+  EXPECT_OK(d.OpenJournal());  // nothing torn
   EXPECT_TRUE(d.Observe("a", "b", 2, 1).duplicate);
 }
 
 TEST_F(JournalTest, OneSyncServesEveryEarlierCommit) {
   BatchDeduper d(Options());
-  ASSERT_TRUE(d.OpenJournal().ok());
+  ASSERT_OK(d.OpenJournal());
   BatchDeduper::Sync first;
   BatchDeduper::Sync second;
   ASSERT_FALSE(d.Observe("a", "b", 1, 1).duplicate);
-  ASSERT_TRUE(d.Commit("a", "b", 1, 1, &first).ok());
+  ASSERT_OK(d.Commit("a", "b", 1, 1, &first));
   ASSERT_FALSE(d.Observe("a", "b", 2, 1).duplicate);
-  ASSERT_TRUE(d.Commit("a", "b", 2, 1, &second).ok());
-  EXPECT_TRUE(second.Wait().ok());
-  EXPECT_TRUE(first.Wait().ok());  // already covered: returns without a sync
+  ASSERT_OK(d.Commit("a", "b", 2, 1, &second));
+  EXPECT_OK(second.Wait());
+  EXPECT_OK(first.Wait());  // already covered: returns without a sync
   EXPECT_EQ(FileSize(), d.journal_bytes());
 }
 
@@ -429,7 +434,7 @@ TEST_F(JournalTest, CommitCost) {
   DeduperOptions options = Options();
   options.journal_sync.commit_interval = absl::ZeroDuration();
   BatchDeduper d(options);
-  ASSERT_TRUE(d.OpenJournal().ok());
+  ASSERT_OK(d.OpenJournal());
   const char* boot = "0f8fad5b-d9cb-469f-a165-70867728950e";
   uint64_t seq = 0;
   const uint64_t empty = d.journal_bytes();
@@ -441,9 +446,9 @@ TEST_F(JournalTest, CommitCost) {
       for (int g = 0; g < group; ++g) {
         ++seq;
         ASSERT_FALSE(d.Observe("node-0000", boot, seq, 1).duplicate);
-        ASSERT_TRUE(d.Commit("node-0000", boot, seq, 1, &sync).ok());
+        ASSERT_OK(d.Commit("node-0000", boot, seq, 1, &sync));
       }
-      ASSERT_TRUE(sync.Wait().ok());
+      ASSERT_OK(sync.Wait());
     }
     const double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)

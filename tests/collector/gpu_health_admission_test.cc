@@ -8,6 +8,7 @@
 #include "common/clock.h"
 #include "gtest/gtest.h"
 #include "tests/collector/test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::collector {
 namespace {
@@ -45,7 +46,7 @@ uint64_t Refused(const CollectorState& state, const char* field) {
 }
 
 TEST(GpuHealthAdmissionTest, ListsBeyondTheBoundsRefuseTheGpuSample) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorState state({}, &clock);
   struct Case {
     const char* field;
@@ -60,7 +61,7 @@ TEST(GpuHealthAdmissionTest, ListsBeyondTheBoundsRefuseTheGpuSample) {
     ++seq;
     v1::ReportBatch b = StepBatch("n0", seq, "job", 2, static_cast<int64_t>(seq), 0.1);
     AddGpu(&b, c.links, c.xids);
-    ASSERT_TRUE(state.Apply(b).ok());
+    ASSERT_OK(state.Apply(b));
     state.Tick();  // publishes the view Snapshot() answers from
     EXPECT_EQ(Refused(state, c.field), 1u);
     const StateSnapshot s = state.Snapshot();
@@ -72,7 +73,7 @@ TEST(GpuHealthAdmissionTest, ListsBeyondTheBoundsRefuseTheGpuSample) {
   ++seq;
   v1::ReportBatch b = StepBatch("n0", seq, "job", 2, static_cast<int64_t>(seq), 0.1);
   AddGpu(&b, kMaxGpuNvlinks, kMaxGpuXids);
-  ASSERT_TRUE(state.Apply(b).ok());
+  ASSERT_OK(state.Apply(b));
   state.Tick();
   const StateSnapshot s = state.Snapshot();
   ASSERT_EQ(s.nodes[0].gpus.size(), 1u);
@@ -81,7 +82,7 @@ TEST(GpuHealthAdmissionTest, ListsBeyondTheBoundsRefuseTheGpuSample) {
 }
 
 TEST(GpuHealthAdmissionTest, KeptHealthIsChargedAndGivenBack) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorStateOptions o;
   o.expire_nanos = 60 * kSecond;
   CollectorState state(o, &clock);
@@ -91,12 +92,12 @@ TEST(GpuHealthAdmissionTest, KeptHealthIsChargedAndGivenBack) {
   plain.set_index(0);
   plain.set_uuid("GPU-0");
   *b.add_gpus() = plain;
-  ASSERT_TRUE(state.Apply(b).ok());
+  ASSERT_OK(state.Apply(b));
   const int64_t without_health = state.MemoryAccountedBytes();
 
   b = StepBatch("n0", 2, "job", 2, 1, 0.1);
   const v1::GpuSample full = *AddGpu(&b, kMaxGpuNvlinks, kMaxGpuXids);
-  ASSERT_TRUE(state.Apply(b).ok());
+  ASSERT_OK(state.Apply(b));
   const int64_t charged = state.MemoryAccountedBytes() - without_health;
   EXPECT_EQ(charged, KeptBytes(full) - KeptBytes(plain));
   // At least every link and Xid message.
@@ -106,9 +107,9 @@ TEST(GpuHealthAdmissionTest, KeptHealthIsChargedAndGivenBack) {
   // A sample without health gives the difference back; forgetting the node, everything.
   b = StepBatch("n0", 3, "job", 2, 2, 0.1);
   *b.add_gpus() = plain;
-  ASSERT_TRUE(state.Apply(b).ok());
+  ASSERT_OK(state.Apply(b));
   EXPECT_EQ(state.MemoryAccountedBytes(), without_health);
-  clock.Advance(61 * kSecond);
+  clock.AdvanceTime(absl::Seconds(61));
   state.Tick();
   EXPECT_EQ(state.MemoryAccountedBytes(), 0);
 }

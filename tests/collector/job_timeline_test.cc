@@ -64,7 +64,7 @@ struct Feeder {
   int taken = 0;
 
   void Next(const std::vector<analysis::RankSnapshot>& ranks,
-            const std::vector<NodeView>& nodes = {}) {
+            const std::vector<NodeSnapshot>& nodes = {}) {
     step += 10;
     now += timeline->sample_interval_nanos();
     ASSERT_TRUE(timeline->Sample(Job(step), ranks, nodes, now, /*job_first_step=*/0, kT0))
@@ -191,14 +191,14 @@ TEST(JobTimelineTest, ARankThatJoinsLateOrLeavesHasMinusOneWhereItDidNotReport) 
 TEST(JobTimelineTest, RowLimitCountsOmittedRanksWhoseNodesStillMeanThemAll) {
   JobTimeline t(Options(100, 2));
   Feeder f{&t};
-  NodeView n0;
+  NodeSnapshot n0;
   n0.node = "node-0";
   for (double util : {0.9, 0.7}) {
     v1::GpuSample& g = n0.gpus.emplace_back();
     g.set_utilization_gpu_ratio(util);
   }
   n0.gpus[0].set_sm_activity_ratio(0.5);
-  NodeView n1;  // no GPU readings
+  NodeSnapshot n1;  // no GPU readings
   n1.node = "node-1";
   // Ranks 0 and 2 on node-0, 1 and 3 on node-1, busy rank + 1; given out of order.
   f.Next({Rank(3, 4, false, "node-1"), Rank(2, 3, false, "node-0"), Rank(1, 2, false, "node-1"),
@@ -355,13 +355,13 @@ TEST(JobTimelineTest, LargestJobCost) {
     ranks.push_back(Rank(i, 0.1 + (i % 7) * 0.01, i == 77, absl::StrCat("node-", i / 8)));
     ranks.back().sections = {{"fwd", 0.25}, {"bwd", 0.5}};
   }
-  std::vector<NodeView> nodes(12'500);
+  std::vector<NodeSnapshot> nodes(12'500);
   for (int n = 0; n < 12'500; ++n) {
     nodes[n].node = absl::StrCat("node-", n);
     for (int g = 0; g < 8; ++g) nodes[n].gpus.emplace_back().set_utilization_gpu_ratio(0.9);
   }
   std::sort(nodes.begin(), nodes.end(),
-            [](const NodeView& a, const NodeView& b) { return a.node < b.node; });
+            [](const NodeSnapshot& a, const NodeSnapshot& b) { return a.node < b.node; });
   JobTimeline t;
   analysis::JobSnapshot job = Job(0, {"fwd", "bwd"});
   int64_t now = kT0;

@@ -18,6 +18,7 @@
 #include "collector/dedupe.h"
 #include "collector/group_commit.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::collector {
 namespace {
@@ -65,7 +66,7 @@ TEST(GroupCommitterTest, ConcurrentWritersShareOneSync) {
   // A first writer's sync is under way (held) ...
   std::thread first([&] {
     file.written.fetch_add(1);
-    EXPECT_TRUE(committer.Wait().ok());
+    EXPECT_OK(committer.Wait());
   });
   file.first_sync_entered.WaitForNotification();
   // ... while eight more streams write and wait.
@@ -103,7 +104,7 @@ TEST(GroupCommitterTest, AcknowledgementNeverPrecedesItsSync) {
         absl::Notification sent;
         // The stream's acknowledgement, as the ingest stream sends it from the callback.
         committer.Then([&](absl::Status st) {
-          EXPECT_TRUE(st.ok()) << st;
+          EXPECT_OK(st);
           if (file.durable.load() < mine) early.fetch_add(1);
           acked.fetch_add(1);
           sent.Notify();
@@ -122,7 +123,7 @@ TEST(GroupCommitterTest, FailedSyncFailsEveryWaiterItCovered) {
   FakeFile file;
   file.hold_first_sync = true;
   GroupCommitter committer([&] { return file.Sync(); }, absl::ZeroDuration());
-  std::thread first([&] { EXPECT_TRUE(committer.Wait().ok()); });
+  std::thread first([&] { EXPECT_OK(committer.Wait()); });
   file.first_sync_entered.WaitForNotification();
   constexpr int kWaiters = 5;
   absl::Mutex mu;
@@ -145,7 +146,7 @@ TEST(GroupCommitterTest, FailedSyncFailsEveryWaiterItCovered) {
   EXPECT_EQ(committer.failed_syncs(), 1u);
   // A later request gets a sync of its own, which succeeds again.
   file.fail = false;
-  EXPECT_TRUE(committer.Wait().ok());
+  EXPECT_OK(committer.Wait());
 }
 
 TEST(GroupCommitterTest, StopWakesWaitersNoSyncCovered) {
@@ -202,24 +203,24 @@ TEST_F(JournalCommitTest, StreamsCommittedDuringASyncShareTheNext) {
     }
     return ::fdatasync(fd);
   }));
-  ASSERT_TRUE(d.OpenJournal().ok());
+  ASSERT_OK(d.OpenJournal());
   absl::Mutex state_mu;  // the collector's ingest lock
   auto commit = [&](const std::string& agent) {
     BatchDeduper::Sync sync;
     {
       absl::MutexLock lock(&state_mu);
       EXPECT_FALSE(d.Observe(agent, "boot", 1, 1).duplicate);
-      EXPECT_TRUE(d.Commit(agent, "boot", 1, 1, &sync).ok());
+      EXPECT_OK(d.Commit(agent, "boot", 1, 1, &sync));
     }
     return sync;  // waited for outside the lock
   };
-  std::thread first([&] { EXPECT_TRUE(commit("agent-first").Wait().ok()); });
+  std::thread first([&] { EXPECT_OK(commit("agent-first").Wait()); });
   entered.WaitForNotification();
   constexpr int kStreams = 6;
   std::atomic<int> acked{0};
   for (int s = 0; s < kStreams; ++s) {
     commit("agent-" + std::to_string(s)).Then([&](absl::Status st) {
-      EXPECT_TRUE(st.ok()) << st;
+      EXPECT_OK(st);
       acked.fetch_add(1);
     });
   }
@@ -231,7 +232,7 @@ TEST_F(JournalCommitTest, StreamsCommittedDuringASyncShareTheNext) {
   EXPECT_EQ(d.journal_syncs(), 2u);
 
   BatchDeduper restarted(Options(absl::ZeroDuration(), nullptr));
-  ASSERT_TRUE(restarted.OpenJournal().ok());
+  ASSERT_OK(restarted.OpenJournal());
   EXPECT_TRUE(restarted.Observe("agent-first", "boot", 1, 1).duplicate);
   for (int s = 0; s < kStreams; ++s) {
     EXPECT_TRUE(restarted.Observe("agent-" + std::to_string(s), "boot", 1, 1).duplicate) << s;
@@ -248,13 +249,13 @@ TEST_F(JournalCommitTest, DuplicateWaitsForTheSyncOfItsFirstCopy) {
     release.WaitForNotification();
     return ::fdatasync(fd);
   }));
-  ASSERT_TRUE(d.OpenJournal().ok());
+  ASSERT_OK(d.OpenJournal());
   ASSERT_FALSE(d.Observe("a", "b", 1, 1).duplicate);
   BatchDeduper::Sync first;
-  ASSERT_TRUE(d.Commit("a", "b", 1, 1, &first).ok());
+  ASSERT_OK(d.Commit("a", "b", 1, 1, &first));
   std::atomic<int> acked{0};
   first.Then([&](absl::Status st) {
-    EXPECT_TRUE(st.ok()) << st;
+    EXPECT_OK(st);
     acked.fetch_add(1);
   });
   entered.WaitForNotification();  // the first copy's sync is under way
@@ -262,7 +263,7 @@ TEST_F(JournalCommitTest, DuplicateWaitsForTheSyncOfItsFirstCopy) {
   BatchDeduper::Sync again;
   d.SyncAppended(&again);
   again.Then([&](absl::Status st) {
-    EXPECT_TRUE(st.ok()) << st;
+    EXPECT_OK(st);
     acked.fetch_add(1);
   });
   EXPECT_EQ(acked.load(), 0);
@@ -285,11 +286,11 @@ TEST_F(JournalCommitTest, FailedFdatasyncFailsTheBatchesItCovered) {
       errno = EIO;
       return -1;
     }));
-    ASSERT_TRUE(d.OpenJournal().ok());
+    ASSERT_OK(d.OpenJournal());
     std::vector<BatchDeduper::Sync> syncs(3);
     for (uint64_t seq = 1; seq <= syncs.size(); ++seq) {
       ASSERT_FALSE(d.Observe("a", "b", seq, 1).duplicate);
-      ASSERT_TRUE(d.Commit("a", "b", seq, 1, &syncs[seq - 1]).ok());
+      ASSERT_OK(d.Commit("a", "b", seq, 1, &syncs[seq - 1]));
     }
     for (const BatchDeduper::Sync& s : syncs) {
       absl::Status st = s.Wait();
@@ -297,7 +298,7 @@ TEST_F(JournalCommitTest, FailedFdatasyncFailsTheBatchesItCovered) {
       EXPECT_NE(st.message().find("cannot sync"), std::string::npos) << st;
     }
     fail = false;
-    EXPECT_TRUE(syncs.back().Wait().ok());  // the disk is back: the next sync covers it
+    EXPECT_OK(syncs.back().Wait());  // the disk is back: the next sync covers it
     EXPECT_GE(d.journal_syncs(), 2u);
   }
 }

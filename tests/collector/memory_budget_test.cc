@@ -13,6 +13,7 @@
 #include "common/clock.h"
 #include "gtest/gtest.h"
 #include "tests/collector/test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::collector {
 namespace {
@@ -46,7 +47,7 @@ TEST(MemoryBudgetTest, CostsGrowWithTheWindows) {
 }
 
 TEST(MemoryBudgetTest, RefusesNewWorkBeyondTheBudgetAndKeepsAnalysingTrackedJobs) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorStateOptions o;
   const MemoryCosts c = MemoryCostsFor(o.engine);
   // Room for one node and one job of 8 ranks, not for a second job.
@@ -54,12 +55,12 @@ TEST(MemoryBudgetTest, RefusesNewWorkBeyondTheBudgetAndKeepsAnalysingTrackedJobs
   CollectorState state(o, &clock);
   uint64_t seq = 0;
   for (int step = 0; step < 60; ++step) {
-    ASSERT_TRUE(state.Apply(StepBatch("n0", ++seq, "kept", 8, step, 0.1, 5, 0.16)).ok());
+    ASSERT_OK(state.Apply(StepBatch("n0", ++seq, "kept", 8, step, 0.1, 5, 0.16)));
     if (step == 10) {
       // The flood: a new job, and new ranks of the tracked job beyond its world.
-      ASSERT_TRUE(state.Apply(StepBatch("n0", ++seq, "flood", 8, 0, 0.1)).ok());
+      ASSERT_OK(state.Apply(StepBatch("n0", ++seq, "flood", 8, 0, 0.1)));
     }
-    clock.Advance(kSecond / 5);
+    clock.AdvanceTime(absl::Milliseconds(200));
     state.Tick();
   }
   StateSnapshot s = state.Snapshot();
@@ -79,15 +80,15 @@ TEST(MemoryBudgetTest, RefusesNewWorkBeyondTheBudgetAndKeepsAnalysingTrackedJobs
 }
 
 TEST(MemoryBudgetTest, NodesAndGpusAreCharged) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorStateOptions o;
   const MemoryCosts c = MemoryCostsFor(o.engine);
   o.max_memory_bytes = c.node + 2 * c.gpu;
   CollectorState state(o, &clock);
   v1::ReportBatch b = EmptyBatch("n0", 1);
   for (int g = 0; g < 4; ++g) b.add_gpus()->set_index(g);
-  ASSERT_TRUE(state.Apply(b).ok());
-  ASSERT_TRUE(state.Apply(EmptyBatch("n1", 1)).ok());
+  ASSERT_OK(state.Apply(b));
+  ASSERT_OK(state.Apply(EmptyBatch("n1", 1)));
   state.Tick();  // readers see what the last Tick published
   StateSnapshot s = state.Snapshot();
   ASSERT_EQ(s.nodes.size(), 1u);
@@ -97,19 +98,19 @@ TEST(MemoryBudgetTest, NodesAndGpusAreCharged) {
 }
 
 TEST(MemoryBudgetTest, ChargesAreReturnedWhenJobsAndNodesAreForgotten) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorStateOptions o;
   const MemoryCosts c = MemoryCostsFor(o.engine);
   o.expire_nanos = 60 * kSecond;
   o.max_memory_bytes = c.node + JobCost(c, 4);
   CollectorState state(o, &clock);
-  ASSERT_TRUE(state.Apply(StepBatch("n0", 1, "old", 4, 0, 0.1)).ok());
+  ASSERT_OK(state.Apply(StepBatch("n0", 1, "old", 4, 0, 0.1)));
   EXPECT_EQ(state.MemoryAccountedBytes(), o.max_memory_bytes);
-  clock.Advance(61 * kSecond);
+  clock.AdvanceTime(absl::Seconds(61));
   state.Tick();
   EXPECT_EQ(state.MemoryAccountedBytes(), 0);
   // The room is free again for a new job.
-  ASSERT_TRUE(state.Apply(StepBatch("n1", 1, "new", 4, 0, 0.1)).ok());
+  ASSERT_OK(state.Apply(StepBatch("n1", 1, "new", 4, 0, 0.1)));
   state.Tick();
   StateSnapshot s = state.Snapshot();
   ASSERT_EQ(s.jobs.size(), 1u);
@@ -118,12 +119,12 @@ TEST(MemoryBudgetTest, ChargesAreReturnedWhenJobsAndNodesAreForgotten) {
 }
 
 TEST(MemoryBudgetTest, RescaledJobIsChargedForItsLargerWorld) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorStateOptions o;
   const MemoryCosts c = MemoryCostsFor(o.engine);
   CollectorState state(o, &clock);
-  ASSERT_TRUE(state.Apply(StepBatch("n0", 1, "job", 2, 0, 0.1)).ok());
-  ASSERT_TRUE(state.Apply(StepBatch("n0", 2, "job", 4, 1, 0.1)).ok());
+  ASSERT_OK(state.Apply(StepBatch("n0", 1, "job", 2, 0, 0.1)));
+  ASSERT_OK(state.Apply(StepBatch("n0", 2, "job", 4, 1, 0.1)));
   EXPECT_EQ(state.MemoryAccountedBytes(), c.node + JobCost(c, 4));
 }
 
@@ -140,7 +141,7 @@ v1::ReportBatch RanksFrom(const std::string& node, uint64_t seq, const std::stri
 // The engine's registry is the one record of ranks: when a node is forgotten, its ranks leave the
 // engine and their charges together, and they are admitted (and charged) afresh when they return.
 TEST(MemoryBudgetTest, ForgettingANodeReturnsItsRanksCharges) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorStateOptions o;
   const MemoryCosts c = MemoryCostsFor(o.engine);
   o.expire_nanos = 60 * kSecond;
@@ -148,39 +149,39 @@ TEST(MemoryBudgetTest, ForgettingANodeReturnsItsRanksCharges) {
   // Admission alone: a timeline would take the room the forgotten ranks leave.
   o.reports.timeline.enabled = false;
   CollectorState state(o, &clock);
-  ASSERT_TRUE(state.Apply(RanksFrom("n0", 1, "job", 4, 0, {0, 1})).ok());
-  ASSERT_TRUE(state.Apply(RanksFrom("n1", 1, "job", 4, 0, {2, 3})).ok());
+  ASSERT_OK(state.Apply(RanksFrom("n0", 1, "job", 4, 0, {0, 1})));
+  ASSERT_OK(state.Apply(RanksFrom("n1", 1, "job", 4, 0, {2, 3})));
   EXPECT_EQ(state.MemoryAccountedBytes(), o.max_memory_bytes);
-  clock.Advance(40 * kSecond);
-  ASSERT_TRUE(state.Apply(RanksFrom("n1", 2, "job", 4, 1, {2, 3})).ok());
-  clock.Advance(30 * kSecond);  // n0 unseen for 70 s, the job for 30 s
+  clock.AdvanceTime(absl::Seconds(40));
+  ASSERT_OK(state.Apply(RanksFrom("n1", 2, "job", 4, 1, {2, 3})));
+  clock.AdvanceTime(absl::Seconds(30));  // n0 unseen for 70 s, the job for 30 s
   state.Tick();
   EXPECT_EQ(state.MemoryAccountedBytes(), c.node + JobCost(c, 4) - 2 * c.rank);
   absl::StatusOr<v1::ExplainResponse> explain = state.Explain("job");
-  ASSERT_TRUE(explain.ok()) << explain.status();
+  ASSERT_OK(explain);
   ASSERT_EQ(explain->ranks_size(), 2);
   EXPECT_EQ(explain->ranks(0).rank(), 2);
   EXPECT_EQ(explain->ranks(1).rank(), 3);
   // Ranks 0 and 1 come back from another node: within the budget again, charged again.
-  ASSERT_TRUE(state.Apply(RanksFrom("n2", 1, "job", 4, 2, {0, 1})).ok());
+  ASSERT_OK(state.Apply(RanksFrom("n2", 1, "job", 4, 2, {0, 1})));
   EXPECT_EQ(state.MemoryAccountedBytes(), o.max_memory_bytes);
   state.Tick();
   StateSnapshot s = state.Snapshot();
   EXPECT_EQ(Count(s.counters.limit_hits, "memory"), 0u);
   explain = state.Explain("job");
-  ASSERT_TRUE(explain.ok()) << explain.status();
+  ASSERT_OK(explain);
   EXPECT_EQ(explain->ranks_size(), 4);
   // A fifth rank of a world of 4 cannot come: a further job would exceed the budget.
-  ASSERT_TRUE(state.Apply(RanksFrom("n2", 2, "other", 1, 0, {0})).ok());
+  ASSERT_OK(state.Apply(RanksFrom("n2", 2, "other", 1, 0, {0})));
   state.Tick();
   EXPECT_EQ(Count(state.Snapshot().counters.limit_hits, "memory"), 1u);
 }
 
 TEST(MemoryBudgetTest, NoBudgetRefusesNothingButStillAccounts) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorState state({}, &clock);
   for (int j = 0; j < 20; ++j) {
-    ASSERT_TRUE(state.Apply(StepBatch("n0", j + 1, "job" + std::to_string(j), 64, 0, 0.1)).ok());
+    ASSERT_OK(state.Apply(StepBatch("n0", j + 1, "job" + std::to_string(j), 64, 0, 0.1)));
   }
   state.Tick();
   StateSnapshot s = state.Snapshot();
@@ -260,11 +261,11 @@ TEST(MemoryBudgetTest, LargestAgentBatchFitsTheReceiveLimit) {
 }
 
 TEST(MemoryBudgetTest, StatusAnswerStaysUnderItsSizeLimit) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorStateOptions o;
   o.max_answer_bytes = 20'000;
   CollectorState state(o, &clock);
-  ASSERT_TRUE(state.Apply(StepBatch("n0", 1, "job", 8, 0, 0.1)).ok());
+  ASSERT_OK(state.Apply(StepBatch("n0", 1, "job", 8, 0, 0.1)));
   for (int n = 0; n < 100; ++n) {
     v1::ReportBatch b = EmptyBatch("node-" + std::to_string(n), 1);
     for (int g = 0; g < 8; ++g) {
@@ -273,7 +274,7 @@ TEST(MemoryBudgetTest, StatusAnswerStaysUnderItsSizeLimit) {
       s->set_name("NVIDIA H100 80GB HBM3");
       for (int p = 0; p < 8; ++p) s->add_pids(100000 + p);
     }
-    ASSERT_TRUE(state.Apply(b).ok());
+    ASSERT_OK(state.Apply(b));
   }
   state.Tick();
   const v1::StatusResponse status = state.Status();
@@ -285,7 +286,7 @@ TEST(MemoryBudgetTest, StatusAnswerStaysUnderItsSizeLimit) {
 }
 
 TEST(MemoryBudgetTest, FindingsAnswerStaysUnderItsSizeLimit) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorStateOptions o;
   o.max_answer_bytes = 300;
   CollectorState state(o, &clock);
@@ -297,8 +298,8 @@ TEST(MemoryBudgetTest, FindingsAnswerStaysUnderItsSizeLimit) {
       s->set_index(g);
       s->set_utilization_gpu_ratio(0);
     }
-    ASSERT_TRUE(state.Apply(b).ok());
-    clock.Advance(kSecond);
+    ASSERT_OK(state.Apply(b));
+    clock.AdvanceTime(absl::Seconds(1));
     state.Tick();
   }
   const int all = static_cast<int>(state.Snapshot().findings.size());

@@ -7,10 +7,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
 #include "tests/collector/test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::collector {
 namespace {
@@ -66,7 +68,7 @@ StateSnapshot SampleSnapshot() {
   underutil.gpu = 1;
   underutil.severity = analysis::Severity::kInfo;
   s.findings.push_back(underutil);
-  NodeView up;
+  NodeSnapshot up;
   up.node = "node-2";
   up.agent_id = "a2";
   up.last_seen_unix_nanos = s.now_unix_nanos - 1'000'000'000;
@@ -93,7 +95,7 @@ StateSnapshot SampleSnapshot() {
   slow.busy_vs_median_ratio = 1.31;
   slow.straggler = true;
   s.top_ranks.emplace_back("resnet", slow);
-  NodeView down;
+  NodeSnapshot down;
   down.node = "node-3";
   down.last_seen_unix_nanos = s.now_unix_nanos - 60'000'000'000;
   s.nodes.push_back(down);
@@ -258,16 +260,16 @@ TEST(MetricsTest, UnknownSplitLeavesOutEfficiencyBreakdownAndWhatIfs) {
 // Through the real state: flagged ranks of every job come before any job's merely slow ranks, the
 // cap holds, and what it leaves out is counted at each scrape.
 TEST(MetricsTest, RankSeriesCapKeepsFlaggedRanksFirst) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorStateOptions options;
   options.top_ranks_per_job = 2;
   options.max_rank_series = 3;
   CollectorState state(options, &clock);
   // Jobs a and b, 8 ranks each; rank 5 of each computes 60% longer than its peers.
   for (int step = 0; step < 60; ++step) {
-    ASSERT_TRUE(state.Apply(testing::StepBatch("n0", step + 1, "a", 8, step, 0.1, 5, 0.16)).ok());
-    ASSERT_TRUE(state.Apply(testing::StepBatch("n1", step + 1, "b", 8, step, 0.1, 5, 0.16)).ok());
-    clock.Advance(kSecond / 5);
+    ASSERT_OK(state.Apply(testing::StepBatch("n0", step + 1, "a", 8, step, 0.1, 5, 0.16)));
+    ASSERT_OK(state.Apply(testing::StepBatch("n1", step + 1, "b", 8, step, 0.1, 5, 0.16)));
+    clock.AdvanceTime(absl::Milliseconds(200));
     state.Tick();
   }
   StateSnapshot snap = state.Snapshot();
@@ -287,11 +289,11 @@ TEST(MetricsTest, RankSeriesCapKeepsFlaggedRanksFirst) {
 }
 
 TEST(MetricsTest, CollectableCountsFindingSeriesLeftOut) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorState state({}, &clock);
   for (int step = 0; step < 60; ++step) {
-    ASSERT_TRUE(state.Apply(testing::StepBatch("n0", step + 1, "a", 8, step, 0.1, 5, 0.16)).ok());
-    clock.Advance(kSecond / 5);
+    ASSERT_OK(state.Apply(testing::StepBatch("n0", step + 1, "a", 8, step, 0.1, 5, 0.16)));
+    clock.AdvanceTime(absl::Milliseconds(200));
     state.Tick();
   }
   const size_t findings = state.Snapshot().findings.size();
@@ -346,7 +348,7 @@ TEST(MetricsTest, TotalSeriesCapKeepsTheMostImportantFirst) {
   // Many nodes of many GPUs: the cap must keep findings, stragglers and the job's series, and
   // every node's up series before any GPU series.
   for (int n = 0; n < 50; ++n) {
-    NodeView v;
+    NodeSnapshot v;
     v.node = absl::StrCat("big-", n);
     v.last_seen_unix_nanos = s.now_unix_nanos;
     for (int g = 0; g < 8; ++g) {
@@ -392,9 +394,9 @@ TEST(MetricsTest, TotalSeriesCapKeepsTheMostImportantFirst) {
 }
 
 TEST(MetricsTest, CollectableSumsTotalCapDropsOverScrapes) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorState state({}, &clock);
-  ASSERT_TRUE(state.Apply(testing::StepBatch("n0", 1, "a", 8, 0, 0.1)).ok());
+  ASSERT_OK(state.Apply(testing::StepBatch("n0", 1, "a", 8, 0, 0.1)));
   state.Tick();  // scrapes read what the last Tick published
   MetricsOptions o;
   o.max_series = 3;
@@ -484,7 +486,7 @@ TEST(MetricsTest, ExpositionIsCleanUnderPromtool) {
       prometheus::TextSerializer().Serialize(BuildMetricFamilies(SampleSnapshot(), {}));
   absl::StatusOr<std::string> lint = testing::PromtoolCheck(text);
   if (absl::IsUnavailable(lint.status())) GTEST_SKIP() << lint.status();
-  ASSERT_TRUE(lint.ok()) << lint.status();
+  ASSERT_OK(lint);
   EXPECT_EQ(*lint, "") << text;
   // Every family carries HELP and TYPE.
   for (const MetricFamily& f : BuildMetricFamilies(SampleSnapshot(), {})) {
@@ -496,8 +498,8 @@ TEST(MetricsTest, ExpositionIsCleanUnderPromtool) {
 // --export-node-metrics: which nodes' and GPUs' readings the collector re-exports.
 
 // A node seen at `last_seen` with GPUs 0..gpus-1 (utilization and power) and a host sample.
-NodeView NodeWithReadings(const std::string& name, int64_t last_seen, int gpus) {
-  NodeView v;
+NodeSnapshot NodeWithReadings(const std::string& name, int64_t last_seen, int gpus) {
+  NodeSnapshot v;
   v.node = name;
   v.last_seen_unix_nanos = last_seen;
   for (int g = 0; g < gpus; ++g) {
@@ -633,7 +635,7 @@ TEST(MetricsTest, QuietNodeReadsDownWithoutItsReadings) {
 // `nodes` nodes of 8 GPUs with host samples and no steps (so no findings), scraped through the
 // collectable as /metrics does.
 struct Fleet {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorState state{{}, &clock};
   explicit Fleet(int nodes) {
     for (int n = 0; n < nodes; ++n) {
@@ -645,7 +647,7 @@ struct Fleet {
         gpu->set_power_watts(400);
       }
       b.mutable_host()->set_cpu_count(64);
-      EXPECT_TRUE(state.Apply(b).ok());
+      EXPECT_OK(state.Apply(b));
     }
     state.Tick();
   }
@@ -690,9 +692,9 @@ TEST(MetricsTest, ScrapeDoesNotGrowWithTheFleetWithoutFindings) {
 // The scoped snapshot holds the nodes named by findings and the quiet ones, nothing else.
 TEST(MetricsTest, InvolvedSnapshotHoldsNodesInFindingsAndQuietNodes) {
   Fleet fleet(100);
-  fleet.clock.Advance(20 * kSecond);  // beyond the 15 s after which a node reads down
+  fleet.clock.AdvanceTime(absl::Seconds(20));  // beyond the 15 s after which a node reads down
   for (int n = 1; n < 100; ++n) {
-    ASSERT_TRUE(fleet.state.Apply(testing::EmptyBatch(absl::StrCat("node-", n), 2)).ok());
+    ASSERT_OK(fleet.state.Apply(testing::EmptyBatch(absl::StrCat("node-", n), 2)));
   }
   fleet.state.Tick();
   const StateSnapshot s = fleet.state.Snapshot(NodeScope::kInvolved);
@@ -709,10 +711,11 @@ TEST(MetricsTest, InvolvedSnapshotHoldsNodesInFindingsAndQuietNodes) {
 // Under the default, a node's GPU reaches /metrics once a finding names it: an underutilized GPU
 // found by the engine from real batches.
 TEST(MetricsTest, UnderutilizedGpuFoundFromBatchesIsExported) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorStateOptions options;
   CollectorState state(options, &clock);
-  const int64_t window_steps = options.engine.underutil_window_nanos / (kSecond / 2) + 10;
+  const int64_t window_steps =
+      absl::ToInt64Nanoseconds(options.engine.underutil_window) / (kSecond / 2) + 10;
   for (int64_t step = 0; step < window_steps; ++step) {
     for (int n = 0; n < 2; ++n) {
       v1::ReportBatch b =
@@ -726,9 +729,9 @@ TEST(MetricsTest, UnderutilizedGpuFoundFromBatchesIsExported) {
         // GPU 1 of node-1 idles at 10% while its rank runs; the others are busy.
         gpu->set_utilization_gpu_ratio(n == 1 && g == 1 ? 0.1 : 0.95);
       }
-      ASSERT_TRUE(state.Apply(b).ok());
+      ASSERT_OK(state.Apply(b));
     }
-    clock.Advance(kSecond / 2);
+    clock.AdvanceTime(absl::Milliseconds(500));
     state.Tick();
   }
   const std::vector<MetricFamily> fams = StateCollectable(&state, {}).Collect();

@@ -8,6 +8,7 @@
 #include "common/clock.h"
 #include "gtest/gtest.h"
 #include "tests/collector/test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::collector {
 namespace {
@@ -34,7 +35,7 @@ uint64_t Refused(CollectorState& state, const char* field, const char* reason) {
 }
 
 TEST(NicAdmissionTest, PortsBeyondTheBoundsRefuseTheHostSample) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorState state({}, &clock);
   struct Case {
     const char* field;
@@ -80,7 +81,7 @@ TEST(NicAdmissionTest, PortsBeyondTheBoundsRefuseTheHostSample) {
     ++seq;
     v1::ReportBatch b = StepBatch("n0", seq, "job", 2, static_cast<int64_t>(seq), 0.1);
     c.spoil(b.mutable_host());
-    ASSERT_TRUE(state.Apply(b).ok());
+    ASSERT_OK(state.Apply(b));
     EXPECT_EQ(Refused(state, c.field, c.reason), before + 1);
     state.Tick();
     const StateSnapshot s = state.Snapshot();
@@ -91,13 +92,13 @@ TEST(NicAdmissionTest, PortsBeyondTheBoundsRefuseTheHostSample) {
 }
 
 TEST(NicAdmissionTest, KeptPortsAreChargedAndGivenBack) {
-  FakeClock clock;
+  SimulatedClock clock;
   CollectorStateOptions o;
   o.expire_nanos = 60 * kSecond;
   CollectorState state(o, &clock);
 
   v1::ReportBatch b = StepBatch("n0", 1, "job", 2, 0, 0.1);
-  ASSERT_TRUE(state.Apply(b).ok());
+  ASSERT_OK(state.Apply(b));
   const int64_t without_host = state.MemoryAccountedBytes();
 
   // The largest host sample a peer may send: every bound at its limit.
@@ -117,7 +118,7 @@ TEST(NicAdmissionTest, KeptPortsAreChargedAndGivenBack) {
   }
   b = StepBatch("n0", 2, "job", 2, 1, 0.1);
   *b.mutable_host() = big;
-  ASSERT_TRUE(state.Apply(b).ok());
+  ASSERT_OK(state.Apply(b));
   state.Tick();
   ASSERT_EQ(state.Snapshot().nodes.size(), 1u);
   ASSERT_TRUE(state.Snapshot().nodes[0].host.has_value());
@@ -135,13 +136,13 @@ TEST(NicAdmissionTest, KeptPortsAreChargedAndGivenBack) {
   // A host sample without ports gives the difference back; forgetting the node, everything.
   b = StepBatch("n0", 3, "job", 2, 2, 0.1);
   b.mutable_host()->set_cpu_count(8);
-  ASSERT_TRUE(state.Apply(b).ok());
+  ASSERT_OK(state.Apply(b));
   EXPECT_EQ(state.MemoryAccountedBytes(), without_host + timeline);
   b = StepBatch("n0", 4, "job", 2, 3, 0.1);
   *b.mutable_host() = big;
-  ASSERT_TRUE(state.Apply(b).ok());
+  ASSERT_OK(state.Apply(b));
   EXPECT_EQ(state.MemoryAccountedBytes(), without_host + timeline + charged);
-  clock.Advance(61 * kSecond);
+  clock.AdvanceTime(absl::Seconds(61));
   state.Tick();
   // The finished report keeps the job's timeline, and its charge.
   EXPECT_EQ(state.MemoryAccountedBytes(), state.reports().timeline_bytes());

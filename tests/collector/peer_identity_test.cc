@@ -8,9 +8,13 @@
 
 #include "grpc/grpc_security_constants.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::security {
 namespace {
+
+using ::stepwatch::test::StatusIs;
+using ::testing::HasSubstr;
 
 // AuthPropertyIterator's default constructor is protected.
 struct NoProperties : grpc::AuthPropertyIterator {};
@@ -60,7 +64,7 @@ TEST(PeerIdentityTest, DnsNameFirstThenCommonName) {
   FakeAuthContext cn_only({kSsl, kPem, {GRPC_X509_CN_PROPERTY_NAME, "node-b"}}, true);
   EXPECT_EQ(PeerCertificateIdentity(cn_only), "node-b");
   absl::StatusOr<std::string> verified = VerifiedNodeIdentity(cn_only, true);
-  ASSERT_TRUE(verified.ok()) << verified.status();
+  ASSERT_OK(verified);
   EXPECT_EQ(*verified, "node-b");
 }
 
@@ -72,10 +76,8 @@ TEST(PeerIdentityTest, ACertificateNamingNoNodeIsRefused) {
   EXPECT_EQ(id.node, "");
   for (bool required : {false, true}) {
     absl::StatusOr<std::string> verified = VerifiedNodeIdentity(nameless, required);
-    ASSERT_FALSE(verified.ok());
-    EXPECT_EQ(verified.status().code(), absl::StatusCode::kPermissionDenied);
-    EXPECT_NE(verified.status().message().find("names no node"), absl::string_view::npos)
-        << verified.status();
+    EXPECT_THAT(verified,
+                StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("names no node")));
   }
 }
 
@@ -93,7 +95,7 @@ TEST(PeerIdentityTest, UnusableNamesAreRefused) {
 TEST(PeerIdentityTest, NoCertificateIsNothingToVerifyUnlessOneIsRequired) {
   FakeAuthContext plaintext({}, false);
   absl::StatusOr<std::string> verified = VerifiedNodeIdentity(plaintext, false);
-  ASSERT_TRUE(verified.ok());
+  ASSERT_OK(verified);
   EXPECT_EQ(*verified, "");
   EXPECT_EQ(VerifiedNodeIdentity(plaintext, true).status().code(),
             absl::StatusCode::kPermissionDenied);

@@ -56,7 +56,7 @@ TEST(PodIndexTest, SetChargesAndForgets) {
 
 TEST(PodIndexTest, EachFindingGetsThePodItIsAbout) {
   const PodIndex ranks = TwoPods();
-  std::vector<NodeView> nodes(1);
+  std::vector<NodeSnapshot> nodes(1);
   nodes[0].node = "node-9";
   nodes[0].gpus.resize(2);
   nodes[0].gpus[0].set_index(0);
@@ -135,7 +135,7 @@ TEST(PodIndexTest, StragglerFindingRankAndGpuSeriesCarryTheirPod) {
   f.node = "node-1";
   f.gpu = 1;
   s.findings.push_back(f);
-  NodeView node;
+  NodeSnapshot node;
   node.node = "node-1";
   node.last_seen_unix_nanos = s.now_unix_nanos;
   node.gpus.resize(1);

@@ -23,9 +23,13 @@
 #include "gtest/gtest.h"
 #include "stepwatch/v1/stepwatch.grpc.pb.h"
 #include "tests/collector/test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace stepwatch::collector {
 namespace {
+
+using ::stepwatch::test::StatusIs;
+using ::testing::HasSubstr;
 
 using testing::StepBatch;
 
@@ -67,7 +71,7 @@ class ServerTest : public ::testing::Test {
       o.state.dedupe.journal_sync.sync_file = std::move(journal_sync);
     }
     auto server = CollectorServer::Start(o, &clock_);
-    ASSERT_TRUE(server.ok()) << server.status();
+    ASSERT_OK(server);
     server_ = *std::move(server);
     ASSERT_GT(server_->grpc_port(), 0);
     ASSERT_GT(server_->metrics_port(), 0);
@@ -293,7 +297,7 @@ TEST_F(ServerTest, MetricsScrapeHasDesignNamesAndPassesPromtool) {
   }
   absl::StatusOr<std::string> lint = testing::PromtoolCheck(body);
   if (!absl::IsUnavailable(lint.status())) {
-    ASSERT_TRUE(lint.ok()) << lint.status();
+    ASSERT_OK(lint);
     EXPECT_EQ(*lint, "") << body;
   }
   stream->WritesDone();
@@ -313,7 +317,7 @@ TEST_F(ServerTest, ShutdownWithAnOpenStreamIsBoundedAndSavesState) {
   EXPECT_FALSE(stream->Read(&ack));  // the server ended the stream
   stream->Finish();
   absl::StatusOr<std::string> saved = ReadFile(state_dir_ + "/scaling_history");
-  ASSERT_TRUE(saved.ok()) << saved.status();
+  ASSERT_OK(saved);
   EXPECT_EQ(*saved, server_->state()->SerializeScalingHistory());
   // A new collector on the same state dir starts from it.
   server_.reset();
@@ -382,7 +386,7 @@ TEST_F(ServerTest, TickerSavesTheStateOnTheClocksSchedule) {
   ASSERT_TRUE(WaitFor([&] {
     return clock_.next_deadline() == start + absl::Seconds(59) + absl::Milliseconds(50);
   }));
-  EXPECT_FALSE(ReadFile(path).ok());
+  EXPECT_THAT(ReadFile(path), StatusIs(absl::StatusCode::kNotFound));
   clock_.AdvanceTime(absl::Seconds(1));
   EXPECT_TRUE(WaitFor([&] { return ReadFile(path).ok(); }));
 }
@@ -404,8 +408,7 @@ TEST_F(ServerTest, BusyPortIsAClearError) {
   o.grpc_listen = absl::StrCat("127.0.0.1:", server_->grpc_port());
   o.metrics_listen = "";
   auto second = CollectorServer::Start(o, &clock_);
-  ASSERT_FALSE(second.ok());
-  EXPECT_NE(second.status().message().find("cannot listen"), std::string::npos) << second.status();
+  EXPECT_THAT(second, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot listen")));
 }
 
 }  // namespace

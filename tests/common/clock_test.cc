@@ -228,13 +228,13 @@ TEST(SimulatedClockTest, TimeMovesOnlyWhenTold) {
   EXPECT_EQ(clock.next_deadline(), absl::InfiniteFuture());
 }
 
-TEST(SimulatedClockTest, FakeClockSpeaksNanoseconds) {
-  FakeClock clock(5'000);
+TEST(SimulatedClockTest, SpeaksUnixNanoseconds) {
+  SimulatedClock clock(absl::FromUnixNanos(5'000));
   EXPECT_EQ(clock.NowUnixNanos(), 5'000);
-  clock.Advance(250);
+  clock.AdvanceTime(absl::Nanoseconds(250));
   EXPECT_EQ(clock.NowUnixNanos(), 5'250);
-  clock.Set(1'000'000);
-  EXPECT_EQ(clock.TimeNow(), absl::FromUnixNanos(1'000'000));
+  clock.SetTime(absl::FromUnixNanos(1'000'000));
+  EXPECT_EQ(clock.NowUnixNanos(), 1'000'000);
 }
 
 TEST(SimulatedClockTest, SleeperWakesExactlyWhenTheTimeReachesItsDeadline) {

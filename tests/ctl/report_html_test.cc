@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "absl/time/time.h"
 #include "ctl/whatif_summary.h"
 #include "gtest/gtest.h"
 
@@ -197,7 +198,7 @@ TEST(ReportHtmlTest, SelfContained) {
     for (int c = 0; c < 10; ++c) s.add_section_seconds(0.05f);
   }
   ReportHtmlOptions options;
-  options.refresh_seconds = 5;
+  options.refresh = absl::Seconds(5);
   options.site_root = "/";
   const std::string page = RenderReportHtml(r, options);
   EXPECT_EQ(page.find("http://"), std::string::npos);

@@ -98,7 +98,7 @@ TEST(HttpServerTest, MalformedAndOversizedHeadsAreAnsweredAndClosed) {
 
 TEST(HttpServerTest, ClosesConnectionsThatDoNotSendAHeadInTime) {
   HttpServerOptions options;
-  options.header_timeout_ms = 300;
+  options.header_timeout = absl::Milliseconds(300);
   auto server = EchoServer(options);
   ASSERT_NE(server, nullptr);
   TestConnection idle(server->port());
@@ -126,7 +126,7 @@ TEST(HttpServerTest, ClosesConnectionsThatDoNotSendAHeadInTime) {
 
 TEST(HttpServerTest, ClosesKeptAliveConnectionsAfterTheIdleTimeout) {
   HttpServerOptions options;
-  options.idle_timeout_ms = 300;
+  options.idle_timeout = absl::Milliseconds(300);
   auto server = EchoServer(options);
   ASSERT_NE(server, nullptr);
   TestConnection c(server->port());
@@ -141,7 +141,7 @@ TEST(HttpServerTest, ClosesKeptAliveConnectionsAfterTheIdleTimeout) {
 TEST(HttpServerTest, ClosesConnectionsThatDoNotTakeTheResponseInTime) {
   HttpServerOptions options;
   options.listen = "127.0.0.1:0";
-  options.write_timeout_ms = 300;
+  options.write_timeout = absl::Milliseconds(300);
   // Far more than the socket buffers of both ends hold.
   auto body = std::make_shared<const std::string>(64 << 20, 'x');
   auto server = HttpServer::Start(options, [body](const HttpRequest&, HttpResponder responder) {

@@ -118,7 +118,7 @@ std::vector<MetricFamily> CollectorFamilies() {
   collector::StateSnapshot s;
   s.now_unix_nanos = 1'700'000'000'000'000'000;
   s.node_down_nanos = 15'000'000'000;
-  collector::NodeView n;
+  collector::NodeSnapshot n;
   n.node = kNode;
   n.last_seen_unix_nanos = s.now_unix_nanos;
   n.info.set_nvml_available(true);

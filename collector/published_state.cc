@@ -1,4 +1,4 @@
-#include "collector/published_view.h"
+#include "collector/published_state.h"
 
 #include <algorithm>
 #include <iterator>
@@ -44,7 +44,7 @@ std::map<std::string, InvolvedNode> InvolvedNodes(const std::vector<analysis::Fi
   return out;
 }
 
-void IndexView(PublishedView* view) {
+void IndexView(PublishedState* view) {
   const StateSnapshot& s = view->snapshot;
   for (const analysis::Finding& f : s.findings) ++view->findings_per_job[f.job];
   // Sorted once per tick so that no scrape scans every node.
@@ -56,7 +56,7 @@ void IndexView(PublishedView* view) {
             });
 }
 
-void SelectRankSeries(int top_ranks_per_job, int max_rank_series, PublishedView* view) {
+void SelectRankSeries(int top_ranks_per_job, int max_rank_series, PublishedState* view) {
   const auto slower = [](const analysis::RankSnapshot* a, const analysis::RankSnapshot* b) {
     if (a->busy_vs_median_ratio != b->busy_vs_median_ratio) {
       return a->busy_vs_median_ratio > b->busy_vs_median_ratio;
@@ -102,7 +102,7 @@ void SelectRankSeries(int top_ranks_per_job, int max_rank_series, PublishedView*
   view->rank_series_dropped = dropped;
 }
 
-StateSnapshot CopySnapshot(const PublishedView& view, NodeScope scope, int64_t now) {
+StateSnapshot CopySnapshot(const PublishedState& view, NodeScope scope, int64_t now) {
   const StateSnapshot& published = view.snapshot;
   if (scope == NodeScope::kAll) return published;
   StateSnapshot s;
@@ -117,11 +117,11 @@ StateSnapshot CopySnapshot(const PublishedView& view, NodeScope scope, int64_t n
   s.detector_timings = published.detector_timings;
   s.rank_pods = published.rank_pods;
   std::vector<uint32_t> picked;
-  const std::vector<NodeView>& nodes = published.nodes;
+  const std::vector<NodeSnapshot>& nodes = published.nodes;
   for (const auto& [name, involved] : InvolvedNodes(published.findings)) {
-    auto it =
-        std::lower_bound(nodes.begin(), nodes.end(), name,
-                         [](const NodeView& n, const std::string& key) { return n.node < key; });
+    auto it = std::lower_bound(
+        nodes.begin(), nodes.end(), name,
+        [](const NodeSnapshot& n, const std::string& key) { return n.node < key; });
     if (it != nodes.end() && it->node == name) picked.push_back(it - nodes.begin());
   }
   for (uint32_t i : view.nodes_by_last_seen) {
@@ -135,12 +135,12 @@ StateSnapshot CopySnapshot(const PublishedView& view, NodeScope scope, int64_t n
   return s;
 }
 
-void CollectorState::PublishRankRows(PublishedView* view) {
+void CollectorState::PublishRankRows(PublishedState* view) {
   const auto start = std::chrono::steady_clock::now();
   const bool rebuild =
       rank_rows_cost_nanos_ < kRankRowsAlwaysRebuildNanos ||
       NanosSince(rank_rows_built_at_) >= kRankRowsCostMultiple * rank_rows_cost_nanos_;
-  const std::shared_ptr<const PublishedView> previous = Published();
+  const std::shared_ptr<const PublishedState> previous = Published();
   bool built_any = false;
   view->ranks.reserve(view->snapshot.jobs.size());
   for (const analysis::JobSnapshot& j : view->snapshot.jobs) {

@@ -1,6 +1,6 @@
-// The collector's read side: the immutable view each Tick() publishes (jobs, findings, rank rows,
-// nodes, counters) and the pure functions that build and copy it. Readers never take the ingest
-// mutex: they answer from a view (see collector/queries.h).
+// The collector's read side: the immutable state each Tick() publishes (jobs, findings, rank rows,
+// nodes, counters), a copy, and the pure functions that build and copy it. Readers never take the
+// ingest mutex: they answer from a published state (see collector/queries.h).
 #pragma once
 
 #include <chrono>
@@ -22,7 +22,7 @@ namespace stepwatch::collector {
 class PodIndex;  // collector/pod_index.h
 
 // The last known state of one node (one agent).
-struct NodeView {
+struct NodeSnapshot {
   std::string node;
   std::string agent_id;
   int64_t last_seen_unix_nanos = 0;
@@ -102,7 +102,7 @@ std::map<std::string, InvolvedNode> InvolvedNodes(const std::vector<analysis::Fi
 // follows what it exports, not the size of the fleet.
 enum class NodeScope { kAll, kInvolved };
 
-// Everything /metrics shows: built at each Tick() (see PublishedView), copied at scrape time; the
+// Everything /metrics shows: built at each Tick() (see PublishedState), copied at scrape time; the
 // counters and the memory accounted alone are those of the last batch applied.
 struct StateSnapshot {
   int64_t now_unix_nanos = 0;
@@ -113,7 +113,7 @@ struct StateSnapshot {
   // top_ranks_per_job slowest, at most max_rank_series in all.
   std::vector<std::pair<std::string, analysis::RankSnapshot>> top_ranks;
   // Ordered by node name: every node tracked, or under NodeScope::kInvolved only those involved.
-  std::vector<NodeView> nodes;
+  std::vector<NodeSnapshot> nodes;
   // Nodes tracked, whichever of them `nodes` holds (0 in snapshots built by hand: nodes.size()).
   size_t nodes_tracked = 0;
   CollectorCounters counters;
@@ -135,7 +135,7 @@ struct StateSnapshot {
 
 // What readers see: built at the end of each Tick() and never changed after it is published.
 // `snapshot.now_unix_nanos` is the time of that Tick.
-struct PublishedView {
+struct PublishedState {
   StateSnapshot snapshot;
   // Every job's ranks (for Explain), by job name. Shared with the previous view when they were not
   // rebuilt at this tick (see AdvanceExpireAndPublish).
@@ -162,15 +162,15 @@ struct PublishedView {
 };
 
 // Fills view->findings_per_job and view->nodes_by_last_seen from view->snapshot.
-void IndexView(PublishedView* view);
+void IndexView(PublishedState* view);
 
 // Fills view->snapshot.top_ranks, the ranks that get per-rank series (see
 // CollectorStateOptions::max_rank_series), from view->ranks, and view->rank_series_dropped.
-void SelectRankSeries(int top_ranks_per_job, int max_rank_series, PublishedView* view);
+void SelectRankSeries(int top_ranks_per_job, int max_rank_series, PublishedState* view);
 
 // A copy of `view`'s snapshot with every node (NodeScope::kAll) or only those involved in findings
 // or quiet at `now` (NodeScope::kInvolved); the caller fills in the live counters.
-StateSnapshot CopySnapshot(const PublishedView& view, NodeScope scope, int64_t now);
+StateSnapshot CopySnapshot(const PublishedState& view, NodeScope scope, int64_t now);
 
 // Steady-clock nanoseconds since `start`, for the view's timings.
 int64_t NanosSince(std::chrono::steady_clock::time_point start);
