@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/utf8.h"
+#include "stepwatch/detail/client_json.h"
 
 namespace stepwatch::json {
 
@@ -393,36 +394,8 @@ absl::StatusOr<Value> Parse(absl::string_view text, const ParseOptions& options)
 }
 
 void AppendQuoted(absl::string_view s, std::string* out) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  out->push_back('"');
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out->append("\\\"");
-        break;
-      case '\\':
-        out->append("\\\\");
-        break;
-      case '\n':
-        out->append("\\n");
-        break;
-      case '\r':
-        out->append("\\r");
-        break;
-      case '\t':
-        out->append("\\t");
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out->append("\\u00");
-          out->push_back(kHex[(c >> 4) & 0xF]);
-          out->push_back(kHex[c & 0xF]);
-        } else {
-          out->push_back(c);
-        }
-    }
-  }
-  out->push_back('"');
+  // The one JSON string writer, shared with the header-only client.
+  client_internal::AppendJsonString(std::string_view(s.data(), s.size()), out);
 }
 
 std::string Quote(absl::string_view s) {

@@ -8,12 +8,13 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 namespace stepwatch::client_internal {
 
 // Appends `s` as a JSON string literal.
-inline void AppendJsonString(const std::string& s, std::string* out) {
+inline void AppendJsonString(std::string_view s, std::string* out) {
   static constexpr char kHex[] = "0123456789abcdef";
   out->push_back('"');
   for (unsigned char c : s) {
