@@ -12,7 +12,6 @@
 
 namespace {
 
-
 // Small limits so that one input cannot make a single run slow (the defaults allow 100,000 ranks).
 stepwatch::collector::CollectorStateOptions Options() {
   stepwatch::collector::CollectorStateOptions o;
