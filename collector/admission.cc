@@ -5,8 +5,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "analysis/engine.h"
 #include "collector/convert.h"
 #include "collector/memory_budget.h"
+#include "collector/published_state.h"
 #include "collector/state.h"
 #include "common/log.h"
 #include "common/text.h"

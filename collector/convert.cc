@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string_view>
 
+#include "analysis/health.h"
 #include "analysis/health_tracker.h"
 #include "collector/convert_health.h"
 #include "collector/pod_index.h"

@@ -5,9 +5,14 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "analysis/engine.h"
 #include "collector/convert.h"
+#include "collector/dedupe.h"
 #include "collector/memory_budget.h"
+#include "collector/published_state.h"
+#include "collector/report_store.h"
 #include "collector/state.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 namespace stepwatch::collector {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "collector/convert.h"
+#include "collector/pod_index.h"
 #include "collector/state.h"
 #include "common/log.h"
 

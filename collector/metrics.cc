@@ -11,6 +11,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "analysis/engine.h"
+#include "collector/convert.h"
 #include "collector/pod_index.h"
 #include "metrics/node_metric_table.h"
 

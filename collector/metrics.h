@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "collector/published_state.h"
 #include "collector/state.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"

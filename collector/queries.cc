@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "analysis/engine.h"
 #include "collector/convert.h"
 #include "collector/pod_index.h"
 #include "common/log.h"

@@ -3,7 +3,10 @@
 #include <memory>
 #include <string>
 
+#include "analysis/engine.h"
+#include "collector/convert.h"
 #include "collector/pod_index.h"
+#include "collector/published_state.h"
 #include "collector/state.h"
 
 namespace stepwatch::collector {

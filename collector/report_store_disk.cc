@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "collector/job_timeline.h"
 #include "collector/report_store.h"
 #include "common/file.h"
 #include "common/log.h"

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "analysis/engine.h"
 #include "collector/convert.h"
+#include "collector/pod_index.h"
 #include "collector/report_store.h"
 
 namespace stepwatch::collector {

@@ -25,6 +25,7 @@
 #include "grpcpp/resource_quota.h"
 #include "prometheus/client_metric.h"
 #include "prometheus/metric_family.h"
+#include "security/tokens.h"
 
 namespace stepwatch::collector {
 namespace {

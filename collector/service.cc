@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "collector/convert.h"
+#include "collector/dedupe.h"
 #include "collector/queries.h"
 #include "common/log.h"
 #include "common/text.h"
@@ -14,6 +15,7 @@
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
 #include "security/peer_identity.h"
+#include "security/tokens.h"
 
 namespace stepwatch::collector {
 namespace {

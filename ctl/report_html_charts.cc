@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "ctl/report_html.h"
 #include "ctl/report_html_internal.h"
 #include "ctl/whatif_summary.h"
 
