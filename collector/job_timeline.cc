@@ -318,10 +318,11 @@ void JobTimeline::MergePairs() {
     MergeValues(w, &row.gpu_utilization);
     MergeValues(w, &row.sm_active);
   }
-  // Half as many columns for the same span: samples half as often keep them even.
-  interval_nanos_ = interval_nanos_ > std::numeric_limits<int64_t>::max() / 2
-                        ? std::numeric_limits<int64_t>::max()
-                        : std::max<int64_t>(1, interval_nanos_ * 2);
+  // Half as many columns for the same span: samples half as often keep them even. At most a day
+  // apart: a job older than 100 days gets columns of more samples instead, and times stay far
+  // from overflow.
+  constexpr int64_t kMaxIntervalNanos = 86'400'000'000'000;
+  interval_nanos_ = std::min(kMaxIntervalNanos, std::max<int64_t>(1, interval_nanos_ * 2));
 }
 
 void JobTimeline::Close(int64_t last_step, int64_t end_unix_nanos) {

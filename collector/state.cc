@@ -192,13 +192,25 @@ void CollectorState::AdvanceExpireAndPublish(int64_t now) {
   const std::shared_ptr<const PublishedState> published = view;
   Publish(std::move(view));
   if (published->rank_rows_rebuilt) {
-    // What the budget has left (timelines charged at the last tick included).
+    // The timelines may grow into half of what the budget has left, held for them while they
+    // sample outside the lock (ingest keeps the other half), and are charged before the hold is
+    // given back: ingest and timelines together never pass the budget.
     int64_t room = std::numeric_limits<int64_t>::max();
+    int64_t held = 0;
     if (options_.max_memory_bytes > 0) {
-      absl::MutexLock lock(&counters_mu_);
-      room = std::max<int64_t>(0, options_.max_memory_bytes - live_accounted_bytes_);
+      absl::MutexLock lock(&mu_);
+      room = std::max<int64_t>(0, options_.max_memory_bytes - accounted_bytes_) / 2;
+      held = room;
+      accounted_bytes_ += held;
     }
     reports_.SampleTimelines(*published, now, room);
+    if (options_.max_memory_bytes > 0) {
+      const int64_t charged = reports_.unsaved_bytes() + reports_.timeline_bytes();
+      absl::MutexLock lock(&mu_);
+      accounted_bytes_ += charged - reports_charged_bytes_ - held;
+      reports_charged_bytes_ = charged;
+      SyncCounters();
+    }
   }
 }
 
