@@ -229,8 +229,9 @@ struct Finding {
   std::string node;    // empty when not about one node
   int gpu = -1;        // -1 when not about one GPU
   std::string device;  // nic_health: the port, "<device>:<port>"; empty otherwise
-  // `gpu` is only the rank's local rank: no GPU is known for it (a CPU-only job).
-  bool gpu_is_local_rank = false;
+  // A straggler whose GPU is unknown (a CPU-only job): its local rank, named in the summary
+  // instead of a GPU (`gpu` stays -1); -1 otherwise.
+  int local_rank = -1;
   int64_t since_step = 0;
   int64_t since_unix_nanos = 0;
   Severity severity = Severity::kWarning;

@@ -86,8 +86,12 @@ std::string StragglerSummary(const Finding& f) {
   const Evidence& e = f.evidence;
   std::string s = absl::StrCat("rank ", f.rank);
   if (!f.node.empty()) absl::StrAppend(&s, " on ", f.node);
-  // Without a known GPU the index is the rank's local rank, not a GPU (a CPU-only job).
-  if (f.gpu >= 0) absl::StrAppend(&s, f.gpu_is_local_rank ? " local rank " : " GPU ", f.gpu);
+  // Without a known GPU the summary names the local rank, never as a GPU (a CPU-only job).
+  if (f.gpu >= 0) {
+    absl::StrAppend(&s, " GPU ", f.gpu);
+  } else if (f.local_rank >= 0) {
+    absl::StrAppend(&s, " local rank ", f.local_rank);
+  }
   absl::StrAppend(&s, ": ", SplitText(e));
   const DeviceEvidence d = e.devices.empty() ? DeviceEvidence() : e.devices[0];
   const std::vector<std::string> texts = DeviceTexts(d);

@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -187,6 +188,39 @@ void AddRanks(const StateSnapshot& s, bool flagged, Builder* b) {
   }
 }
 
+// The labels of a finding's series (stepwatch_finding and its size).
+Labels FindingLabels(const analysis::Finding& f, const PodNames& pod) {
+  return WithPod({{"cause", analysis::CauseName(f.cause)},
+                  {"device", f.device},
+                  {"gpu", RankLabel(f.gpu)},
+                  {"job", f.job},
+                  {"kind", analysis::FindingKindName(f.kind)},
+                  {"node", f.node},
+                  {"rank", RankLabel(f.rank)},
+                  {"severity", analysis::SeverityName(f.severity)},
+                  {"stage", RankLabel(f.stage)}},
+                 pod);
+}
+
+// The figure that says how large a finding is (what its summary's "+24%" or "1.4x" is worded
+// from), so that alerts can carry it; none for kinds without one.
+std::optional<double> FindingSizeRatio(const analysis::Finding& f) {
+  const analysis::Evidence& e = f.evidence;
+  switch (f.kind) {
+    case analysis::FindingKind::kStraggler:
+    case analysis::FindingKind::kSlowNode:
+      return e.busy_vs_median_ratio;
+    case analysis::FindingKind::kPipelineImbalance:
+      return e.stage_vs_median_ratio;
+    case analysis::FindingKind::kRegression:
+      return e.step_vs_baseline_ratio;
+    case analysis::FindingKind::kScalingEfficiency:
+      return e.scaling_efficiency_ratio;
+    default:
+      return std::nullopt;
+  }
+}
+
 void AddFindings(const StateSnapshot& s, const MetricsOptions& o, Builder* b) {
   b->SetGroup("finding");
   // The counts first: complete even when the series of single findings are cut.
@@ -212,23 +246,22 @@ void AddFindings(const StateSnapshot& s, const MetricsOptions& o, Builder* b) {
       continue;
     }
     ++finding_series;
+    const Labels labels = FindingLabels(f, pod);
     b->Gauge(
         "stepwatch_finding",
         "1 per active finding (bounded in number); cause is the primary cause, device the network "
         "port of a nic_health finding (empty otherwise), stage the "
         "pipeline stage (empty when none); namespace, pod and container the Kubernetes pod "
         "it is about (empty when unknown or not one).",
-        WithPod({{"cause", analysis::CauseName(f.cause)},
-                 {"device", f.device},
-                 {"gpu", RankLabel(f.gpu)},
-                 {"job", f.job},
-                 {"kind", analysis::FindingKindName(f.kind)},
-                 {"node", f.node},
-                 {"rank", RankLabel(f.rank)},
-                 {"severity", analysis::SeverityName(f.severity)},
-                 {"stage", RankLabel(f.stage)}},
-                pod),
-        1);
+        labels, 1);
+    if (const std::optional<double> size = FindingSizeRatio(f); size.has_value()) {
+      b->Gauge("stepwatch_finding_size_ratio",
+               "How large an active finding is, with the labels of its stepwatch_finding series: "
+               "straggler and slow_node: busy time over the peers' median; pipeline_imbalance: "
+               "the slowest stage's busy time over the other stages' median; regression: the step "
+               "time over its baseline; scaling_efficiency: the efficiency.",
+               labels, *size);
+    }
   }
 }
 

@@ -114,8 +114,12 @@ void StragglerDetector::Evaluate(const JobView& view, const DetectorState* state
     f.node = r.node;
     f.stage = r.pp_stage;
     const GpuInfo* g = view.registry.GpuOf(r);
-    f.gpu = r.gpu >= 0 ? r.gpu : (r.local_rank >= 0 ? r.local_rank : (g ? g->last.index : -1));
-    f.gpu_is_local_rank = r.gpu < 0 && r.local_rank >= 0 && g == nullptr;
+    if (r.gpu < 0 && g == nullptr) {
+      // No GPU is known for the rank (a CPU-only job): its local rank is no GPU index.
+      f.local_rank = r.local_rank;
+    } else {
+      f.gpu = r.gpu >= 0 ? r.gpu : (r.local_rank >= 0 ? r.local_rank : g->last.index);
+    }
     f.since_step = sc->flagged_since_step;
     f.since_unix_nanos = sc->flagged_since_nanos;
     f.persistent = sc->flagged_steps >= view.options.persistent_steps;

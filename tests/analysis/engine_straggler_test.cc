@@ -104,7 +104,8 @@ TEST(EngineTest, StragglerWithoutGpusNamesTheLocalRank) {
   auto f = Of(e, FindingKind::kStraggler);
   ASSERT_EQ(f.size(), 1u);
   EXPECT_EQ(f[0].rank, 13);
-  EXPECT_TRUE(f[0].gpu_is_local_rank);
+  EXPECT_EQ(f[0].gpu, -1);
+  EXPECT_EQ(f[0].local_rank, 5);
   EXPECT_THAT(f[0].summary, HasSubstr("rank 13 on node-1 local rank 5: "));
   EXPECT_THAT(f[0].summary, Not(HasSubstr("GPU 5")));
 }

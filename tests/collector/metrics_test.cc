@@ -186,6 +186,41 @@ TEST(MetricsTest, DesignNamesAndLabels) {
   EXPECT_EQ(Label(each->metric[1], "cause"), "unknown");
 }
 
+// Each finding with a size carries it beside its stepwatch_finding series, with the same labels,
+// so that an alert can say "+16%" or "1.40x"; kinds without a size (a stall) have none.
+TEST(MetricsTest, FindingSizesCarryTheFindingsLabels) {
+  StateSnapshot s = SampleSnapshot();
+  s.findings.clear();
+  analysis::Finding regression;
+  regression.kind = analysis::FindingKind::kRegression;
+  regression.job = "llm";
+  regression.cause = analysis::Cause::kImbalance;
+  regression.evidence.step_vs_baseline_ratio = 1.16;
+  analysis::Finding stage;
+  stage.kind = analysis::FindingKind::kPipelineImbalance;
+  stage.job = "llm";
+  stage.stage = 2;
+  stage.evidence.stage_vs_median_ratio = 1.4;
+  analysis::Finding stall;
+  stall.kind = analysis::FindingKind::kStall;
+  stall.job = "llm";
+  s.findings = {regression, stage, stall};
+  std::vector<MetricFamily> fams = BuildMetricFamilies(s, MetricsOptions());
+  const MetricFamily* sizes = FindFamily(fams, "stepwatch_finding_size_ratio");
+  ASSERT_NE(sizes, nullptr);
+  ASSERT_EQ(sizes->metric.size(), 2u);
+  EXPECT_EQ(Label(sizes->metric[0], "kind"), "regression");
+  EXPECT_EQ(Label(sizes->metric[0], "cause"), "imbalance");
+  EXPECT_DOUBLE_EQ(sizes->metric[0].gauge.value, 1.16);
+  EXPECT_EQ(Label(sizes->metric[1], "kind"), "pipeline_imbalance");
+  EXPECT_EQ(Label(sizes->metric[1], "stage"), "2");
+  EXPECT_DOUBLE_EQ(sizes->metric[1].gauge.value, 1.4);
+  const MetricFamily* each = FindFamily(fams, "stepwatch_finding");
+  ASSERT_NE(each, nullptr);
+  ASSERT_EQ(each->metric.size(), 3u);
+  EXPECT_EQ(each->metric[0].label.size(), sizes->metric[0].label.size());
+}
+
 // A slow node's ranks and a slow pipeline stage's ranks carry no straggler finding of their own:
 // stepwatch_straggler comes from the ranks' flags, and the findings say where and why.
 TEST(MetricsTest, EveryFlaggedRankIsAStraggler) {

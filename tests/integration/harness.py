@@ -56,6 +56,15 @@ def assert_rss_at_most(test, rss, bound, message=None):
     test.assertLessEqual(rss, bound, message)
 
 
+def peak_rss_mib(pid):
+    """Peak resident memory (VmHWM) of a live process, MiB."""
+    with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    raise AssertionError(f"no VmHWM in /proc/{pid}/status")
+
+
 def fake_nvml_path():
     return build_path("libnvidia-ml.so.1")
 

@@ -12,6 +12,7 @@ bounded.
 """
 
 import os
+import time
 import subprocess
 import tempfile
 import unittest
@@ -120,25 +121,31 @@ class AgentDiskTest(unittest.TestCase):
             # Space is freed: the held batches are spooled on the next cuts, so a crash now
             # loses nothing.
             os.remove(filler)
+            freed_at = time.monotonic()
             rounds.send(agent)
             wait_until(lambda: value(agent, "stepwatch_agent_spool_unspooled_batches") == 0,
                        timeout=20, message="the held batches to be spooled")
+            respooled_s = time.monotonic() - freed_at
             self.assertGreater(value(agent, "stepwatch_agent_spool_batches_respooled_total"), 0)
             agent.kill()
 
             agent = self.agent(collector).start()
             rounds.send(agent)
             collector.start()
+            collector_up_at = time.monotonic()
             expected = rounds.accepted - lost
             wait_until(lambda: collector_steps(collector) >= expected, timeout=60,
                        message=f"{expected} events at the collector")
+            delivered_s = time.monotonic() - collector_up_at
             wait_until(lambda: value(agent, "stepwatch_agent_spool_batches") == 0, timeout=30,
                        message="the spool to drain")
             self.assertEqual(collector_steps(collector), expected,
                              "an event counted twice, or one not counted as lost arrived")
             print(f"full 2 MiB spool: {rounds.accepted} events accepted by 3 agent processes, "
                   f"{lost:.0f} counted as held in memory only when the first was SIGKILLed, "
-                  f"{collector_steps(collector):.0f} at the collector, each once")
+                  f"{collector_steps(collector):.0f} at the collector, each once; held batches "
+                  f"spooled {respooled_s:.1f} s after space was freed, all delivered "
+                  f"{delivered_s:.1f} s after the collector started")
         finally:
             agent.stop()
             collector.stop()

@@ -13,7 +13,8 @@ import textwrap
 import time
 import unittest
 
-from harness import Agent, Collector, metric_value, step_event, wait_until
+from harness import (Agent, Collector, assert_rss_at_most, metric_value, peak_rss_mib, step_event,
+                     wait_until)
 
 # Sends `count` events of distinct invented (job, rank) pairs as fast as it can, prints "sent",
 # then stays alive (its bindings with it) until stdin closes.
@@ -104,9 +105,14 @@ class AgentTenantsTest(unittest.TestCase):
             self.assertEqual(metric_value(samples, "stepwatch_agent_events_rejected_total",
                                           reason="not_owner"), 0)
             self.assertEqual(agent.log().count("reached --max-ranks-per-process=4096"), 1)
+            agent_mib = peak_rss_mib(agent.process.proc.pid)
+            collector_mib = peak_rss_mib(collector.process.proc.pid)
             print(f"flood of 65536 invented ranks sent in {flood_s:.2f} s: {received - 40:.0f} "
                   f"accepted, {refused:.0f} refused (tenant_limit), {65536 + 40 - datagrams:.0f} lost "
-                  f"in the socket queue; the other user's 40 events all arrived")
+                  f"in the socket queue; the other user's 40 events all arrived; VmHWM agent "
+                  f"{agent_mib:.0f} MiB, collector {collector_mib:.0f} MiB")
+            # The refused ranks take no table space: the agent stays near its idle size.
+            assert_rss_at_most(self, agent_mib, 64, f"agent VmHWM {agent_mib:.0f} MiB")
 
     @unittest.skipUnless(os.geteuid() == 0 and shutil.which("unshare"),
                          "needs root and unshare for a pid namespace")

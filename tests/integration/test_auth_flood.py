@@ -18,7 +18,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import crypt
 
-from harness import metric_value, parse_metrics
+from harness import metric_value, parse_metrics, peak_rss_mib
 from test_security import PasswordMetricsCollector
 
 FLOOD_THREADS = 6
@@ -87,7 +87,8 @@ class AuthFloodTest(unittest.TestCase):
                 print(f"\nscrapes under the flood: {len(latencies)}, median "
                       f"{statistics.median(latencies) * 1000:.1f} ms, max "
                       f"{max(latencies) * 1000:.1f} ms (first, uncached: {first * 1000:.0f} ms); "
-                      f"flood answers {flood_codes}; auth checks {checks}")
+                      f"flood answers {flood_codes}; auth checks {checks}; collector VmHWM "
+                      f"{peak_rss_mib(c.process.proc.pid):.0f} MiB")
                 self.assertEqual(statuses, [200] * len(statuses))
                 self.assertGreater(len(statuses), 5)
                 # Structural: bcrypt ran once for the right password, every later scrape was a

@@ -139,10 +139,27 @@ class CollectorCliTest(unittest.TestCase):
             self.assertIsInstance(f["since_step"], int)
             self.assertIn("rank 2 on node-0 local rank 2:", f["summary"])
             self.assertNotIn("GPU 2", f["summary"])
+            # The finding names no GPU anywhere: JSON, the table's GPU column, the series that
+            # alerts read (whose description would say "GPU 2"), and the size the alert carries.
+            self.assertEqual(f["gpu"], -1)
             text = ctl(c.grpc_addr, "findings", "cpu-job")
             self.assertEqual(text.returncode, 0, text.stderr)
             self.assertIn("local rank 2", text.stdout)
             self.assertNotIn("GPU 2", text.stdout)
+            row = next(line.split() for line in text.stdout.splitlines()
+                       if line.split()[:2] == ["warning", "straggler"]
+                       or line.split()[:2] == ["critical", "straggler"])
+            header = text.stdout.splitlines()[0].split()
+            self.assertEqual(row[header.index("GPU")], "-", text.stdout)
+            samples = c.scrape()
+            series = [labels for (name, labels, _) in samples
+                      if name == "stepwatch_finding" and labels.get("kind") == "straggler"]
+            self.assertEqual(len(series), 1, series)
+            self.assertEqual(series[0]["gpu"], "", series)
+            size = metric_value(samples, "stepwatch_finding_size_ratio", kind="straggler",
+                                job="cpu-job", rank=2)
+            self.assertIsNotNone(size, samples)
+            self.assertGreater(size, 1.1)
 
     def test_every_binary_prints_its_version(self):
         version = project_version()

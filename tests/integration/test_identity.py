@@ -266,6 +266,32 @@ class IdentityTest(unittest.TestCase):
                                            node="node-a", reason="jobs_per_node"))
             self.assertIn("--max-jobs-per-node", c.log())
 
+    def test_a_thousand_invented_job_ids_leave_room_for_others_at_default_bounds(self):
+        # The attack as reported: one node invents 1,000 job ids (one step each) against a
+        # collector with its default bounds. It gets its share (--max-jobs-per-node=64), the rest
+        # are refused and counted against it, another node's new job is admitted, and the
+        # collector's peak RSS stays far under its default memory budget.
+        with self.mtls_collector() as c, \
+                self.agent(c, "node-a") as a, self.agent(c, "node-b") as b:
+            started = time.monotonic()
+            for j in range(1000):
+                send_steps(b, f"invented-{j}", 1, [0])
+            wait_until(lambda: self.value(c, "stepwatch_collector_node_refusals_total",
+                                          node="node-b", reason="jobs_per_node") >= 1000 - 64,
+                       timeout=60, message="node-b's jobs past its share to be refused")
+            flood_s = time.monotonic() - started
+            send_steps(a, "real", 2, range(3))
+            wait_until(lambda: self.value(c, "stepwatch_job_last_step", job="real") == 2,
+                       timeout=20, message="node-a's new job to be admitted")
+            samples = c.scrape()
+            self.assertEqual(metric_value(samples, "stepwatch_collector_jobs"), 65)
+            self.assertEqual(metric_value(samples, "stepwatch_collector_node_refusals_total",
+                                          node="node-b", reason="jobs_per_node"), 1000 - 64)
+            peak_mib = vm_hwm_kib(c.process.proc.pid) / 1024
+            print(f"\n1,000 invented job ids from one node in {flood_s:.1f} s: 64 admitted, "
+                  f"936 refused; another node's job admitted; collector VmHWM {peak_mib:.0f} MiB")
+            assert_rss_at_most(self, peak_mib, 128, f"collector VmHWM {peak_mib:.0f} MiB")
+
     def test_a_malformed_protobuf_gets_an_error_status_and_is_counted(self):
         with Collector(self.tmpdir) as c:
             out = self.probe(c, "garbage", count=3)

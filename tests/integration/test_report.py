@@ -131,7 +131,10 @@ class ReportTest(unittest.TestCase):
         self.run_ranks()
         wait_until(lambda: "job %s finished: all" % JOB in self.collector.log(), timeout=20,
                    interval=0.2, message="the job to finish")
-        self.assertNotIn(JOB, jobs(self.collector))
+        # `status` answers from the view published at each tick, so the job leaves it at the tick
+        # after the exit that finished it, not at the log line.
+        wait_until(lambda: JOB not in jobs(self.collector), timeout=5, interval=0.1,
+                   message="the finished job to leave status")
         # The report is final once the job finished (written at the next tick).
         self.assert_final_report(self.report(JOB))
         # Asked about the live job that is gone, stepwatchctl points to its report.

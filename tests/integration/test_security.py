@@ -67,6 +67,16 @@ class PasswordMetricsCollector(Collector):
         return True
 
 
+class PasswordMetricsAgent(Agent):
+    """An agent whose /metrics needs a password: ready once its socket and port exist."""
+
+    def _ready(self):
+        if not os.path.exists(self.socket_path):
+            return False
+        with socket.create_connection(("127.0.0.1", self.metrics_port), timeout=1):
+            return True
+
+
 def fetch_metrics(port, cafile=None, user=None, password=None, scheme="https"):
     """(status, body) of GET /metrics; status 0 when the connection or handshake failed."""
     request = urllib.request.Request(f"{scheme}://127.0.0.1:{port}/metrics")
@@ -307,6 +317,26 @@ class SecurityTest(unittest.TestCase):
                 fetch_metrics(plain, None, "prometheus", "rotated-secret", "http")[0], 200)
             self.assertEqual(
                 fetch_metrics(plain, None, "prometheus", "scrape-secret", "http")[0], 401)
+
+    def test_agent_metrics_need_the_scrapers_password(self):
+        # The agent's /metrics as shipped (systemd unit, DaemonSet): a password file; the answer
+        # is 401 without it, with a wrong password or an unknown user, 200 with it.
+        users = os.path.join(self.tmpdir, "agent-metrics-users")
+        with open(users, "w") as f:
+            f.write("prometheus:" +
+                    crypt.crypt("agent-secret", crypt.mksalt(crypt.METHOD_BLOWFISH)) + "\n")
+        with Collector(self.tmpdir) as c:
+            agent = PasswordMetricsAgent(self.tmpdir, c.grpc_addr, node="locked",
+                                         metrics_basic_auth_file=users)
+            with agent:
+                port = agent.metrics_port
+                status, body = fetch_metrics(port, None, "prometheus", "agent-secret", "http")
+                self.assertEqual(status, 200)
+                self.assertIn("stepwatch_agent_", body)
+                self.assertEqual(fetch_metrics(port, scheme="http")[0], 401)
+                self.assertEqual(fetch_metrics(port, None, "prometheus", "wrong", "http")[0], 401)
+                self.assertEqual(
+                    fetch_metrics(port, None, "mallory", "agent-secret", "http")[0], 401)
 
     def test_bad_security_flags_fail_at_start(self):
         for flags, expected in (({"tls_cert": "/nonexistent.pem", "tls_key": self.server[1]},

@@ -276,7 +276,9 @@ class StateDiskTest(unittest.TestCase):
                              if not any(base > seq for _, _, base in intact))
 
         # The next collector skips only the damaged records; the agent resends every batch.
+        started = time.monotonic()
         collector.start()
+        ready_s = time.monotonic() - started
         self.assertEqual(value(collector.scrape(),
                                "stepwatch_collector_journal_damaged_records_total"), len(damaged))
         self.assertIn(f"{len(damaged)} damaged records", collector.log())
@@ -290,7 +292,8 @@ class StateDiskTest(unittest.TestCase):
         duplicates = value(samples, "stepwatch_collector_duplicate_batches_total")
         print(f"[state-disk] journal: {len(damaged)} damaged of {len(records)} records; "
               f"{len(batches)} batches ({sent} steps) resent: {duplicates:.0f} recognised, "
-              f"{again:.0f} steps applied again (expected {expected_again})", flush=True)
+              f"{again:.0f} steps applied again (expected {expected_again}); the collector was "
+              f"ready {ready_s:.2f} s after its start", flush=True)
         self.assertEqual(again, expected_again)
         self.assertLess(again, sent)
 
