@@ -67,6 +67,13 @@ class PasswordMetricsCollector(Collector):
         return True
 
 
+def write_password_file(path, user, password, header=""):
+    """A /metrics password file (USER:BCRYPT_HASH, bcrypt's default cost) with one user."""
+    with open(path, "w") as f:
+        f.write(header + user + ":" + crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
+                + "\n")
+
+
 class PasswordMetricsAgent(Agent):
     """An agent whose /metrics needs a password: ready once its socket and port exist."""
 
@@ -131,6 +138,16 @@ class SecurityTest(unittest.TestCase):
 
     def tearDown(self):
         self._run.cleanup()
+
+    def assert_password_required(self, port, user, password, expected_text):
+        """Plain-HTTP /metrics on `port` answers 200 (with `expected_text`) to `user:password`
+        only: 401 without credentials, with a wrong password or for an unknown user."""
+        status, body = fetch_metrics(port, None, user, password, "http")
+        self.assertEqual(status, 200)
+        self.assertIn(expected_text, body)
+        self.assertEqual(fetch_metrics(port, scheme="http")[0], 401)
+        self.assertEqual(fetch_metrics(port, None, user, "wrong", "http")[0], 401)
+        self.assertEqual(fetch_metrics(port, None, "mallory", password, "http")[0], 401)
 
     def mtls_collector(self, **flags):
         return Collector(self.tmpdir, tls_cert=self.server[0], tls_key=self.server[1],
@@ -275,19 +292,12 @@ class SecurityTest(unittest.TestCase):
         # The collector asks for a password; TLS is terminated by a sidecar in front of a /metrics
         # bound to loopback (the Kubernetes convention; socat stands in for the proxy here).
         users = os.path.join(self.tmpdir, "metrics-users")
-        with open(users, "w") as f:
-            f.write("# scrapers\nprometheus:" +
-                    crypt.crypt("scrape-secret", crypt.mksalt(crypt.METHOD_BLOWFISH)) + "\n")
+        write_password_file(users, "prometheus", "scrape-secret", "# scrapers\n")
         c = PasswordMetricsCollector(self.tmpdir, metrics_basic_auth_file=users)
         with c:
             plain = c.metrics_port
-            status, body = fetch_metrics(plain, None, "prometheus", "scrape-secret", "http")
-            self.assertEqual(status, 200)
-            self.assertIn("stepwatch_collector_batches_received_total", body)
-            self.assertEqual(fetch_metrics(plain, scheme="http")[0], 401)
-            self.assertEqual(fetch_metrics(plain, None, "prometheus", "wrong", "http")[0], 401)
-            self.assertEqual(fetch_metrics(plain, None, "mallory", "scrape-secret", "http")[0],
-                             401)
+            self.assert_password_required(plain, "prometheus", "scrape-secret",
+                                          "stepwatch_collector_batches_received_total")
             pem = os.path.join(self.tmpdir, "sidecar.pem")
             with open(pem, "w") as out:
                 for path in (self.server[1], self.server[0]):
@@ -309,9 +319,7 @@ class SecurityTest(unittest.TestCase):
                 sidecar.terminate()
                 sidecar.wait(timeout=10)
             # A rotated password file applies without a restart.
-            with open(users + ".tmp", "w") as f:
-                f.write("prometheus:" +
-                        crypt.crypt("rotated-secret", crypt.mksalt(crypt.METHOD_BLOWFISH)) + "\n")
+            write_password_file(users + ".tmp", "prometheus", "rotated-secret")
             os.replace(users + ".tmp", users)
             self.assertEqual(
                 fetch_metrics(plain, None, "prometheus", "rotated-secret", "http")[0], 200)
@@ -322,21 +330,13 @@ class SecurityTest(unittest.TestCase):
         # The agent's /metrics as shipped (systemd unit, DaemonSet): a password file; the answer
         # is 401 without it, with a wrong password or an unknown user, 200 with it.
         users = os.path.join(self.tmpdir, "agent-metrics-users")
-        with open(users, "w") as f:
-            f.write("prometheus:" +
-                    crypt.crypt("agent-secret", crypt.mksalt(crypt.METHOD_BLOWFISH)) + "\n")
+        write_password_file(users, "prometheus", "agent-secret")
         with Collector(self.tmpdir) as c:
             agent = PasswordMetricsAgent(self.tmpdir, c.grpc_addr, node="locked",
                                          metrics_basic_auth_file=users)
             with agent:
-                port = agent.metrics_port
-                status, body = fetch_metrics(port, None, "prometheus", "agent-secret", "http")
-                self.assertEqual(status, 200)
-                self.assertIn("stepwatch_agent_", body)
-                self.assertEqual(fetch_metrics(port, scheme="http")[0], 401)
-                self.assertEqual(fetch_metrics(port, None, "prometheus", "wrong", "http")[0], 401)
-                self.assertEqual(
-                    fetch_metrics(port, None, "mallory", "agent-secret", "http")[0], 401)
+                self.assert_password_required(agent.metrics_port, "prometheus", "agent-secret",
+                                              "stepwatch_agent_")
 
     def test_bad_security_flags_fail_at_start(self):
         for flags, expected in (({"tls_cert": "/nonexistent.pem", "tls_key": self.server[1]},
