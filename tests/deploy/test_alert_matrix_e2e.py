@@ -215,8 +215,12 @@ class AlertMatrixTest(unittest.TestCase):
         return body["data"]["result"]
 
     def firing(self):
+        return [a["labels"] for a in self.firing_alerts()]
+
+    def firing_alerts(self):
+        """The firing alerts, each with its labels and its rendered annotations."""
         body = json.loads(harness.http_get(self.prometheus.url + "/api/v1/alerts", timeout=5))
-        return [a["labels"] for a in body["data"]["alerts"] if a["state"] == "firing"]
+        return [a for a in body["data"]["alerts"] if a["state"] == "firing"]
 
     @staticmethod
     def matches(labels, want):
@@ -231,19 +235,31 @@ class AlertMatrixTest(unittest.TestCase):
     def test_every_finding_kind_fires_its_alert_and_the_healthy_job_none(self):
         missing = dict(EXPECTED)
         seen = {}
+        descriptions = {}  # alertname -> its description when its row fired
         deadline = time.monotonic() + 150
         while missing and time.monotonic() < deadline:
-            alerts = self.firing()
+            firing = self.firing_alerts()
+            alerts = [a["labels"] for a in firing]
             for row in list(missing):
-                got = [next((a for a in alerts if a["alertname"] == name
-                             and self.matches(a, want)), None) for name, want in missing[row]]
+                got = [next((a for a in firing if a["labels"]["alertname"] == name
+                             and self.matches(a["labels"], want)), None)
+                       for name, want in missing[row]]
                 if all(got):
-                    seen[row] = got
+                    seen[row] = [a["labels"] for a in got]
+                    for a in got:
+                        descriptions[a["labels"]["alertname"]] = a["annotations"]["description"]
                     del missing[row]
             time.sleep(1)
         if missing:
             self.fail(f"alerts that never fired: {missing}\nfiring: {self.firing()}\n"
                       f"{self.logs()}")
+        # The alerts carry the size the collector measured (stepwatch_finding_size_ratio and
+        # the straggler's busy ratio), rendered by the real Prometheus.
+        self.assertRegex(descriptions["StepwatchStepTimeRegression"],
+                         r"rose and stayed up by \+\d+% \(now")
+        self.assertRegex(descriptions["StepwatchPipelineImbalance"],
+                         r"\(it takes \d+\.\d\dx their median\)")
+        self.assertRegex(descriptions["StepwatchStraggler"], r"\(busy \+\d+% vs their median\)")
         # Every alert's cause is in the vocabulary, and nothing fires for the healthy job.
         alerts = self.firing()
         for a in alerts:
