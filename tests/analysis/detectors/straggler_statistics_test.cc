@@ -1,6 +1,8 @@
 // The straggler detector's statistics through the engine: evidence that accumulates with the steps,
 // references that survive many slow ranks, false alarms controlled across ranks, onsets, clearing
 // without flapping, and named sections.
+#include "analysis/detectors/straggler_statistics.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -329,6 +331,30 @@ TEST(StragglerStatisticsTest, SectionNamesBeyondTheLimitAreFoldedAndCounted) {
   EXPECT_EQ(snap->section_names.size(), static_cast<size_t>(kMaxSectionsPerJob));
   EXPECT_EQ(snap->section_names.back(), "s15");
   EXPECT_EQ(snap->sections_folded, 4);
+}
+
+// The peers' noise is known once half of them have measured their own: in a group of three or
+// more after half the warm-up (the median holds up against a few poor early estimates), in a pair
+// (whose median is the mean of the two) only after the full warm-up.
+TEST(StragglerStatisticsTest, PeerNoiseIsKnownAfterHalfTheWarmUpInGroupsOfThreeOrMore) {
+  std::vector<SeriesTest> series(4);
+  std::mt19937 rng(7);
+  std::normal_distribution<double> noise(0, 0.05);
+  std::vector<double> scratch;
+  auto peer_noise = [&](size_t count) {
+    return PeerNoise(
+        count, [&](size_t i) { return &series[i]; }, &scratch);
+  };
+  for (int32_t step = 1; step <= kWarmupSteps; ++step) {
+    for (SeriesTest& t : series) ObserveNoise(noise(rng), &t);
+    const bool group_knows = step >= kPeerWarmupSteps;
+    const bool pair_knows = step >= kWarmupSteps;
+    EXPECT_EQ(peer_noise(4) >= 0, group_knows) << "step " << step;
+    EXPECT_EQ(peer_noise(3) >= 0, group_knows) << "step " << step;
+    EXPECT_EQ(peer_noise(2) >= 0, pair_knows) << "step " << step;
+  }
+  EXPECT_LT(kPeerWarmupSteps, kWarmupSteps);
+  EXPECT_GT(peer_noise(4), 0.01);
 }
 
 }  // namespace
