@@ -100,6 +100,20 @@ class IdentityTest(unittest.TestCase):
     def value(collector, name, **labels):
         return metric_value(collector.scrape(), name, **labels) or 0
 
+    def flood_jobs(self, collector, honest, flooder, invented, refused):
+        """`flooder` opens `invented` jobs of one step each until `refused` of them are refused as
+        beyond its share; then `honest` opens a new job, which must be admitted. Returns the
+        collector's samples after that."""
+        for j in range(invented):
+            send_steps(flooder, f"invented-{j}", 1, [0])
+        wait_until(lambda: self.value(collector, "stepwatch_collector_node_refusals_total",
+                                      node=flooder.node, reason="jobs_per_node") >= refused,
+                   timeout=60, message=f"{flooder.node}'s jobs past its share to be refused")
+        send_steps(honest, "real", 2, range(3))
+        wait_until(lambda: self.value(collector, "stepwatch_job_last_step", job="real") == 2,
+                   timeout=20, message=f"{honest.node}'s new job to be admitted")
+        return collector.scrape()
+
     def probe(self, collector, mode, **flags):
         args = [build_path("ingest_probe"), f"--collector={collector.grpc_addr}", f"--mode={mode}"]
         args += [f"--{k}={v}" for k, v in flags.items()]
@@ -248,15 +262,7 @@ class IdentityTest(unittest.TestCase):
     def test_one_node_cannot_take_every_job_slot(self):
         with self.mtls_collector(max_jobs=20, max_jobs_per_node=5) as c, \
                 self.agent(c, "node-a") as a, self.agent(c, "node-b") as b:
-            for j in range(25):
-                send_steps(b, f"invented-{j}", 1, [0])
-            wait_until(lambda: self.value(c, "stepwatch_collector_node_refusals_total",
-                                          node="node-b", reason="jobs_per_node") >= 20,
-                       timeout=20, message="node-b's further jobs to be refused")
-            send_steps(a, "real", 2, range(3))
-            wait_until(lambda: self.value(c, "stepwatch_job_last_step", job="real") == 2,
-                       timeout=20, message="node-a's new job to be admitted")
-            samples = c.scrape()
+            samples = self.flood_jobs(c, a, b, invented=25, refused=20)
             self.assertEqual(metric_value(samples, "stepwatch_collector_jobs"), 6)
             self.assertEqual(metric_value(samples, "stepwatch_collector_limit_hits_total",
                                           limit="jobs_per_node"), 20)
@@ -274,16 +280,8 @@ class IdentityTest(unittest.TestCase):
         with self.mtls_collector() as c, \
                 self.agent(c, "node-a") as a, self.agent(c, "node-b") as b:
             started = time.monotonic()
-            for j in range(1000):
-                send_steps(b, f"invented-{j}", 1, [0])
-            wait_until(lambda: self.value(c, "stepwatch_collector_node_refusals_total",
-                                          node="node-b", reason="jobs_per_node") >= 1000 - 64,
-                       timeout=60, message="node-b's jobs past its share to be refused")
+            samples = self.flood_jobs(c, a, b, invented=1000, refused=1000 - 64)
             flood_s = time.monotonic() - started
-            send_steps(a, "real", 2, range(3))
-            wait_until(lambda: self.value(c, "stepwatch_job_last_step", job="real") == 2,
-                       timeout=20, message="node-a's new job to be admitted")
-            samples = c.scrape()
             self.assertEqual(metric_value(samples, "stepwatch_collector_jobs"), 65)
             self.assertEqual(metric_value(samples, "stepwatch_collector_node_refusals_total",
                                           node="node-b", reason="jobs_per_node"), 1000 - 64)
