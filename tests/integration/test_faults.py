@@ -35,8 +35,8 @@ import threading
 import time
 import unittest
 
-from harness import (Agent, Collector, http_get, metric_samples, metric_value, scrape, step_event,
-                     wait_until)
+from harness import (Agent, Collector, http_get, metric_samples, metric_value, peak_rss_mib, scrape,
+                     step_event, wait_until)
 
 PREFIX = "swf-"
 CLONE_NEWNET = 0x40000000
@@ -83,15 +83,6 @@ def remove_leftover_namespaces():
         if name.startswith(PREFIX) and len(parts) >= 3 and parts[1].isdigit():
             if not _pid_alive(int(parts[1])):
                 _run("ip", "netns", "del", name, check=False)
-
-
-def vm_hwm_kib(pid):
-    """Peak resident memory of a live process (VmHWM), KiB."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return 0
 
 
 _NETEM = {}
@@ -421,10 +412,10 @@ class FaultTestBase(unittest.TestCase):
 
     def note_memory(self):
         self.hwm["collector"] = max(self.hwm["collector"],
-                                    vm_hwm_kib(self.collector.process.proc.pid))
+                                    peak_rss_mib(self.collector.process.proc.pid))
         for agent in self.agents:
             if agent.process and agent.process.alive():
-                self.hwm["agent"] = max(self.hwm["agent"], vm_hwm_kib(agent.process.proc.pid))
+                self.hwm["agent"] = max(self.hwm["agent"], peak_rss_mib(agent.process.proc.pid))
 
     def start_all(self):
         self.collector.start()
@@ -491,7 +482,7 @@ class FaultTestBase(unittest.TestCase):
               f"counted {counted}, "
               f"lost {sent - counted}, duplicates counted {counted - accepted}, "
               f"duplicate batches ignored {duplicates_ignored:.0f}, peak VmHWM collector "
-              f"{self.hwm['collector'] / 1024:.1f} MiB agent {self.hwm['agent'] / 1024:.1f} MiB, "
+              f"{self.hwm['collector']:.1f} MiB agent {self.hwm['agent']:.1f} MiB, "
               f"recovery {recovery:.2f} s", flush=True)
 
 

@@ -16,8 +16,8 @@ import textwrap
 import time
 import unittest
 
-from harness import (Agent, Collector, assert_rss_at_most, build_path, metric_value, step_event,
-                     wait_until)
+from harness import (Agent, Collector, assert_rss_at_most, build_path, metric_value, peak_rss_mib,
+                     step_event, wait_until)
 from test_security import Pki, _openssl
 
 # Sends steps of (job, rank) pairs from its own process, then exits: its agent reports the exits.
@@ -33,14 +33,6 @@ ATTACKER = textwrap.dedent("""
                                  "step_s": 0.55, "data_s": 0.0, "compute_s": busy,
                                  "comm_s": 0.55 - busy}).encode(), path)
 """)
-
-
-def vm_hwm_kib(pid):
-    with open(f"/proc/{pid}/status", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmHWM")
 
 
 def send_steps(agent, job, world_size, steps, ranks=None, step_s=0.1):
@@ -236,13 +228,13 @@ class IdentityTest(unittest.TestCase):
         # took a collector from 16 to 525 MiB while it accounted 41 KiB.
         with Collector(self.tmpdir, max_receive_message_mib=16) as c:
             pid = c.process.proc.pid
-            before = vm_hwm_kib(pid)
+            before = peak_rss_mib(pid)
             out = self.probe(c, "big-ids", count=80, bytes=4 << 20)
             self.assertIn("status=INVALID_ARGUMENT streams=80 acks=0", out)
             out = self.probe(c, "big-descriptions", count=80, bytes=4 << 20)
             self.assertIn("status=OK streams=80 acks=80", out)
-            peak = vm_hwm_kib(pid)
-            print(f"\ncollector VmHWM {before // 1024} MiB at start, {peak // 1024} MiB after "
+            peak = peak_rss_mib(pid)
+            print(f"\ncollector VmHWM {before:.0f} MiB at start, {peak:.0f} MiB after "
                   "80 x 4 MiB boot ids and host names and 80 x 4 MiB descriptions", flush=True)
             samples = c.scrape()
             refused = "stepwatch_collector_fields_refused_total"
@@ -256,7 +248,7 @@ class IdentityTest(unittest.TestCase):
             # What is kept is small and accounted: four probe nodes, no GPU.
             accounted = metric_value(samples, "stepwatch_collector_memory_accounted_bytes")
             self.assertLess(accounted, 64 << 10)
-            assert_rss_at_most(self, peak, 160 * 1024, f"peak RSS {peak} KiB")
+            assert_rss_at_most(self, peak, 160, f"peak RSS {peak:.0f} MiB")
             self.assertNotIn("b" * 1000, c.log())
 
     def test_one_node_cannot_take_every_job_slot(self):
@@ -285,7 +277,7 @@ class IdentityTest(unittest.TestCase):
             self.assertEqual(metric_value(samples, "stepwatch_collector_jobs"), 65)
             self.assertEqual(metric_value(samples, "stepwatch_collector_node_refusals_total",
                                           node="node-b", reason="jobs_per_node"), 1000 - 64)
-            peak_mib = vm_hwm_kib(c.process.proc.pid) / 1024
+            peak_mib = peak_rss_mib(c.process.proc.pid)
             print(f"\n1,000 invented job ids from one node in {flood_s:.1f} s: 64 admitted, "
                   f"936 refused; another node's job admitted; collector VmHWM {peak_mib:.0f} MiB")
             assert_rss_at_most(self, peak_mib, 128, f"collector VmHWM {peak_mib:.0f} MiB")

@@ -9,8 +9,8 @@ import tempfile
 import time
 import unittest
 
-from harness import (Agent, Collector, assert_rss_at_most, build_path, metric_value, step_event,
-                     wait_until)
+from harness import (Agent, Collector, assert_rss_at_most, build_path, metric_value, peak_rss_mib,
+                     step_event, wait_until)
 
 BUDGET_MIB = 64
 # About 10 KiB is charged per rank: 20,000 distinct ranks are far beyond 64 MiB.
@@ -18,14 +18,6 @@ FLOOD = {"nodes": 20, "ranks-per-node": 1000, "world-size": 10000, "gpus": 0, "s
          "threads": 2, "job-prefix": "flood", "node-prefix": "flood"}
 WORLD = 8
 SLOW_RANK = 5
-
-
-def peak_rss_mib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    raise AssertionError("no VmHWM in /proc/PID/status")
 
 
 class MemoryBudgetTest(unittest.TestCase):
