@@ -313,6 +313,12 @@ struct JobSnapshot {
   // section values dropped because their name came after the limit.
   std::vector<std::string> section_names;
   int64_t sections_folded = 0;
+  // The last step analysed; steps analysed with fewer ranks than the world size (completed by
+  // --step_grace or the pending cap); rank samples that came after their step was analysed, left
+  // out of the analysis. Either count rising means ranks' reports arrive too far apart.
+  int64_t last_complete_step = -1;
+  int64_t incomplete_steps = 0;
+  int64_t late_samples = 0;
 };
 
 // One named section of a rank: its median over the recent window (seconds).

@@ -77,7 +77,10 @@ absl::Status Engine::Impl::AddValidatedStep(const StepEvent& s) {
     job.max_step = s.step;  // also ends a stall (StallState::Active)
     job.last_progress_nanos = s.received_unix_nanos;
   }
-  if (s.step <= job.last_completed) return absl::OkStatus();  // late: its step is closed
+  if (s.step <= job.last_completed) {  // late: its step is closed
+    ++job.late_samples;
+    return absl::OkStatus();
+  }
 
   Pending& p = job.pending[s.step];
   if (p.entries.empty()) p.first_nanos = s.received_unix_nanos;
@@ -156,6 +159,7 @@ void Engine::Impl::ProcessStep(JobRecord& job, int64_t step, Pending& p) {
   std::vector<Entry>& es = p.entries;
   if (es.empty()) return;
   ++job.completed_steps;
+  if (static_cast<int>(es.size()) < job.world_size) ++job.incomplete_steps;
   // A rank that reports only its step time is busy for the share of the step its GPU's SMs were
   // active (when the GPU reports SM activity); the rest it waited.
   for (Entry& e : es) {

@@ -99,6 +99,9 @@ JobSnapshot Engine::Impl::Snapshot(const JobRecord& job) const {
   s.last_seen_unix_nanos = job.last_seen_nanos;
   s.section_names = job.section_names;
   s.sections_folded = job.sections_folded;
+  s.last_complete_step = job.last_completed;
+  s.incomplete_steps = job.incomplete_steps;
+  s.late_samples = job.late_samples;
   for (int i = 0; i < job.world_size; ++i) {
     const RankInfo& r = job.ranks[i];
     if (r.present && r.last_step >= job.max_step - opt_.window_steps) ++s.ranks_reporting;

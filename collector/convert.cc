@@ -339,6 +339,9 @@ void ToProto(const analysis::JobSnapshot& j, int finding_count, v1::JobStatus* o
   out->set_last_seen_unix_nanos(j.last_seen_unix_nanos);
   for (const std::string& name : j.section_names) out->add_section_names(name);
   out->set_sections_folded(j.sections_folded);
+  out->set_last_complete_step(j.last_complete_step);
+  out->set_incomplete_steps(j.incomplete_steps);
+  out->set_late_samples(j.late_samples);
 }
 
 void ToProto(const analysis::RankSnapshot& r, v1::RankRow* out) {

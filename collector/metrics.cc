@@ -132,6 +132,13 @@ void AddJobs(const StateSnapshot& s, Builder* b) {
              "1 when ranks report how their step splits (or SM activity stands in for it); 0: "
              "efficiency, time shares and what-ifs are unknown and left out.",
              job, j.split_known ? 1 : 0);
+    b->Counter("stepwatch_job_steps_incomplete_total",
+               "Steps analysed with fewer ranks than the world size (completed by --step_grace or "
+               "the pending cap).",
+               job, static_cast<double>(j.incomplete_steps));
+    b->Counter("stepwatch_job_step_samples_late_total",
+               "Rank samples that came after their step was analysed, left out of the analysis.",
+               job, static_cast<double>(j.late_samples));
     if (j.scaling_efficiency_ratio.has_value()) {
       b->Gauge("stepwatch_job_scaling_efficiency_ratio",
                "Per-GPU throughput vs the best per-GPU throughput at a smaller world size.", job,

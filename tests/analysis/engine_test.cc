@@ -129,6 +129,20 @@ TEST(EngineTest, StepCompletesAfterGraceWhenARankIsMissing) {
   e.Advance(kT0 + 5 * kSec);
   EXPECT_EQ(e.Job("j")->median_step_seconds, 2);
   EXPECT_EQ(e.Job("j")->last_step, 7);
+  EXPECT_EQ(e.Job("j")->last_complete_step, 7);
+  EXPECT_EQ(e.Job("j")->incomplete_steps, 1);
+  EXPECT_EQ(e.Job("j")->late_samples, 0);
+  // The missing rank's report after its step was analysed is left out, and counted.
+  StepEvent late;
+  late.job = "j";
+  late.world_size = 4;
+  late.rank = 3;
+  late.step = 7;
+  late.step_seconds = 9;
+  late.received_unix_nanos = kT0 + 6 * kSec;
+  ASSERT_OK(e.AddStep(late));
+  EXPECT_EQ(e.Job("j")->late_samples, 1);
+  EXPECT_EQ(e.Job("j")->median_step_seconds, 2);
 }
 
 TEST(EngineTest, SparseStepsAndDuplicatesAreHandled) {
@@ -207,6 +221,7 @@ TEST(EngineTest, PendingStepsAreBounded) {
     ASSERT_OK(e.AddStep(s));
   }
   EXPECT_EQ(e.Job("j")->median_step_seconds, 1);  // old steps were completed with what they had
+  EXPECT_EQ(e.Job("j")->incomplete_steps, 100 - 8);
 }
 
 TEST(EngineTest, HugeWorldSizeCostsOnlyTheRanksThatReport) {

@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
+#include "prometheus/metric_type.h"
 #include "prometheus/text_serializer.h"
 #include "tests/collector/test_util.h"
 #include "tests/testing/status_matchers.h"
@@ -290,6 +291,22 @@ TEST(MetricsTest, UnknownSplitLeavesOutEfficiencyBreakdownAndWhatIfs) {
   // What does not depend on the split stays.
   EXPECT_NE(FindFamily(fams, "stepwatch_job_step_seconds"), nullptr);
   EXPECT_NE(FindFamily(fams, "stepwatch_job_scaling_efficiency_ratio"), nullptr);
+}
+
+// Steps analysed without all their ranks, and samples that came too late for theirs, are counters
+// an operator can alert on (one agent far behind the others).
+TEST(MetricsTest, IncompleteStepsAndLateSamplesAreCounters) {
+  StateSnapshot s = SampleSnapshot();
+  s.jobs[0].incomplete_steps = 12;
+  s.jobs[0].late_samples = 30;
+  std::vector<MetricFamily> fams = BuildMetricFamilies(s, {});
+  const MetricFamily* incomplete = FindFamily(fams, "stepwatch_job_steps_incomplete_total");
+  ASSERT_NE(incomplete, nullptr);
+  EXPECT_EQ(incomplete->type, prometheus::MetricType::Counter);
+  EXPECT_EQ(incomplete->metric[0].counter.value, 12);
+  const MetricFamily* late = FindFamily(fams, "stepwatch_job_step_samples_late_total");
+  ASSERT_NE(late, nullptr);
+  EXPECT_EQ(late->metric[0].counter.value, 30);
 }
 
 // Through the real state: flagged ranks of every job come before any job's merely slow ranks, the

@@ -49,24 +49,36 @@ class DetectionTest(unittest.TestCase):
     def tearDown(self):
         self._tmp.cleanup()
 
-    def run_job(self, world, steps, extra, expect, seed=1, chunk=25):
+    def run_job(self, world, steps, extra, expect, seed=1, chunk=40):
         """Sends `steps` steps in chunks through two agents (rank r on agent r % 2) and returns
-        the collector's flagged ranks once every step arrived."""
+        the collector's flagged ranks once every step was analysed with all its ranks."""
         placement = [rank % 2 for rank in range(world)]
         rng = random.Random(seed)
-        with Collector(self.tmp) as collector, \
+        # A short tick: `status` answers from the view published at each tick.
+        with Collector(self.tmp, tick=0.2) as collector, \
                 Agent(self.tmp, collector.grpc_addr, node="node-a") as a, \
                 Agent(self.tmp, collector.grpc_addr, node="node-b") as b:
-            for first in range(0, steps, chunk):
-                send_steps([a, b], placement, world, range(first, min(first + chunk, steps)),
-                           rng, extra)
-            last = steps - 1
 
-            def done():
+            def job():
                 jobs = ctl_json(collector.grpc_addr, "status").get("jobs", [])
-                return any(j["job"] == "detect" and int(j["last_step"]) >= last for j in jobs)
+                return next((j for j in jobs if j["job"] == "detect"), None)
 
-            wait_until(done, timeout=60, message="every step at the collector")
+            def analysed_through(step):
+                j = job()
+                return j is not None and int(j.get("last_complete_step", -1)) >= step
+
+            # A chunk at a time, each analysed before the next is sent: steps sent far faster
+            # than real training would otherwise let one agent run more steps ahead of the other
+            # than the collector keeps pending, and those steps would be analysed without the
+            # other node's ranks.
+            for first in range(0, steps, chunk):
+                end = min(first + chunk, steps)
+                send_steps([a, b], placement, world, range(first, end), rng, extra)
+                wait_until(lambda: analysed_through(end - 1), timeout=60,
+                           message=f"steps {first}..{end - 1} analysed")
+            # Every step was analysed with every rank: the verdicts below are on the whole run.
+            self.assertEqual(int(job().get("incomplete_steps", 0)), 0, job())
+            self.assertEqual(int(job().get("late_samples", 0)), 0, job())
             if expect:
                 wait_until(lambda: expect <= flagged(collector)[0], timeout=30,
                            message=f"ranks {sorted(expect)} flagged: {flagged(collector)[1]}")
