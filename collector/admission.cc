@@ -223,7 +223,11 @@ int64_t CollectorState::TrustedTime(int64_t sender, int64_t now, const std::stri
   if (skew_log_limiter_.Allow(&suppressed)) {
     SW_LOG_WARNING << "node " << node << " sent a timestamp " << (sender > now ? "+" : "-")
                    << skew / 1'000'000'000 << " s off the collector's clock; using the "
-                   << "collector's time (check NTP on that node)"
+                   << "collector's time ("
+                   << (sender > now ? "check NTP on that node"
+                                    : "check NTP on that node, unless its agent kept these while "
+                                      "the collector was unreachable")
+                   << ")"
                    << (suppressed > 0 ? absl::StrCat(" [", suppressed, " similar suppressed]")
                                       : std::string());
   }
