@@ -4,7 +4,9 @@
 # DDP); then builds again with clang, AddressSanitizer + UndefinedBehaviorSanitizer and
 # -Wthread-safety (the ABSL_GUARDED_BY annotations, as errors) and reruns the tests that exercise
 # C++ code; then runs every libFuzzer target (fuzz/), built by that same clang pass, for a bounded
-# time under ASan + UBSan.
+# time under ASan + UBSan. The static checks and the clang build run beside the GCC pass's tests,
+# and the fuzzers beside the clang pass's, at the lowest priority (their logs are printed when they
+# end); the command fails if any part failed, and names it.
 # Usage: scripts/test.sh
 # Environment:
 #   STEPWATCH_SKIP_SANITIZE=1   skip the clang sanitizer pass (quicker local runs; the fuzz pass
@@ -23,32 +25,100 @@ scripts/install-deps.sh all
 
 echo "=== build (RelWithDebInfo, -Werror) and all tests ==="
 STEPWATCH_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-test -DSTEPWATCH_WERROR=ON "${line_tables[@]}"
-(cd build-test && ctest --output-on-failure -j "$jobs" --timeout 600)
 
-if [ "${STEPWATCH_SKIP_SANITIZE:-0}" != "1" ]; then
-  echo "=== clang build with ASan + UBSan and -Wthread-safety; C++ and integration tests ==="
-  # Debian's gRPC, protobuf and Abseil are built with GCC; clang links against them (libstdc++).
-  # STEPWATCH_FUZZ adds coverage instrumentation (the tests run with it too) and the fuzz targets,
-  # so that the fuzz pass below needs no build of its own.
-  STEPWATCH_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-clang -DCMAKE_C_COMPILER=clang \
-    -DCMAKE_CXX_COMPILER=clang++ -DSTEPWATCH_WERROR=ON -DSTEPWATCH_SANITIZE=ON -DSTEPWATCH_FUZZ=ON \
-    -DSTEPWATCH_BUILD_BENCHMARKS=OFF "${line_tables[@]}"
-  # Python-only and static checks gain nothing from sanitizers; they ran above. The network and
-  # process fault tests are timing-bound (a 60 s partition) and exercise no C++ path the other
-  # integration tests miss; so are the demo (two minutes of the same agent and collector paths),
-  # the header flood (gRPC's own parser; its memory bounds are asserted in the GCC pass only) and
-  # the detection grid (the analysis library, whose unit tests run here). This keeps the whole
-  # command near 30 minutes on a 2-core machine.
-  (cd build-clang &&
-    UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$jobs" --timeout 900 \
-      -E '^(python_|deploy_|format_check$|static_|integration_torch_ddp$|integration_faults_|integration_demo$|integration_header_flood$|analysis_detection_grid_quick$)')
-fi
-
-if [ "${STEPWATCH_SKIP_FUZZ:-0}" != "1" ]; then
-  echo "=== fuzz targets (clang, libFuzzer + ASan + UBSan), bounded time each ==="
-  fuzz_build=()
-  if [ "${STEPWATCH_SKIP_SANITIZE:-0}" != "1" ]; then
-    fuzz_build=(env STEPWATCH_FUZZ_BUILD_DIR=build-clang)
+# Most integration tests wait on the processes they start: alone, the tests keep a 2-core machine
+# about half busy. The CPU-bound work that does not depend on them (the static checks, the clang
+# build, the fuzzers) runs beside them at the lowest priority (nice 19), so it takes only what the
+# tests leave idle and a timing-bound test is not slowed. Its output is kept in a log, printed when
+# it ends.
+failed=()
+run_logged() {  # NAME LOG COMMAND...: runs COMMAND at nice 19 with its output in LOG
+  local name="$1" log="$2"
+  shift 2
+  if ! nice -n 19 "$@" >"$log" 2>&1; then
+    echo "FAILED: $name" >>"$log"
+    return 1
   fi
-  "${fuzz_build[@]}" scripts/fuzz.sh "${STEPWATCH_FUZZ_SECONDS:-15}"
+}
+report() {  # NAME LOG STATUS: prints LOG and records a failure
+  echo "=== $1 (ran beside the tests) ==="
+  cat "$2"
+  if [ "$3" != 0 ]; then failed+=("$1"); fi
+}
+
+sanitize=1
+if [ "${STEPWATCH_SKIP_SANITIZE:-0}" = "1" ]; then sanitize=0; fi
+logs="$(mktemp -d /tmp/stepwatch-test.XXXXXX)"
+trap 'rm -rf "$logs"' EXIT
+(
+  # clang-tidy and include-what-you-use over the GCC build's compile commands (the ctest tests
+  # static_clang_tidy and static_iwyu run the same scripts; left out of the ctest run below).
+  status=0
+  run_logged "static checks" "$logs/static" \
+    bash -c "scripts/clang-tidy.sh build-test $jobs && scripts/iwyu.sh build-test $jobs" || status=1
+  echo "$status" >"$logs/static.status"
+  if [ "$sanitize" = 1 ]; then
+    # Debian's gRPC, protobuf and Abseil are built with GCC; clang links against them
+    # (libstdc++). STEPWATCH_FUZZ adds coverage instrumentation (the tests run with it too) and
+    # the fuzz targets, so that the fuzz pass needs no build of its own.
+    status=0
+    run_logged "clang build" "$logs/clang-build" env STEPWATCH_BUILD_TYPE=RelWithDebInfo \
+      scripts/build.sh build-clang -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+      -DSTEPWATCH_WERROR=ON -DSTEPWATCH_SANITIZE=ON -DSTEPWATCH_FUZZ=ON \
+      -DSTEPWATCH_BUILD_BENCHMARKS=OFF "${line_tables[@]}" || status=1
+    echo "$status" >"$logs/clang-build.status"
+  fi
+) &
+background=$!
+gcc_status=0
+(cd build-test && ctest --output-on-failure -j "$jobs" --timeout 600 -LE static) || gcc_status=$?
+if [ "$gcc_status" != 0 ]; then failed+=("GCC pass tests"); fi
+wait "$background" || true
+report "static checks (clang-tidy, include-what-you-use)" "$logs/static" "$(cat "$logs/static.status")"
+
+fuzz_pid=""
+if [ "$sanitize" = 1 ]; then
+  report "clang build with ASan + UBSan and -Wthread-safety" "$logs/clang-build" \
+    "$(cat "$logs/clang-build.status")"
+  if [ -f "$logs/clang-build.status" ] && [ "$(cat "$logs/clang-build.status")" = 0 ]; then
+    if [ "${STEPWATCH_SKIP_FUZZ:-0}" != "1" ]; then
+      # The fuzz targets (libFuzzer + ASan + UBSan, built by the clang build), bounded time each,
+      # beside the clang pass's tests.
+      (
+        if run_logged "fuzz" "$logs/fuzz" env STEPWATCH_FUZZ_BUILD_DIR=build-clang \
+          scripts/fuzz.sh "${STEPWATCH_FUZZ_SECONDS:-15}"; then
+          echo 0 >"$logs/fuzz.status"
+        else
+          echo 1 >"$logs/fuzz.status"
+        fi
+      ) &
+      fuzz_pid=$!
+    fi
+    echo "=== clang pass: C++ and integration tests under ASan + UBSan ==="
+    # Python-only and static checks gain nothing from sanitizers; they ran above. The network and
+    # process fault tests are timing-bound (a 60 s partition) and exercise no C++ path the other
+    # integration tests miss; so are the demo (two minutes of the same agent and collector
+    # paths), the header flood (gRPC's own parser; its memory bounds are asserted in the GCC pass
+    # only) and the detection grid (the analysis library, whose unit tests run here). This keeps
+    # the whole command near 30 minutes on a 2-core machine.
+    clang_status=0
+    (cd build-clang &&
+      UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j "$jobs" --timeout 900 \
+        -E '^(python_|deploy_|format_check$|static_|integration_torch_ddp$|integration_faults_|integration_demo$|integration_header_flood$|analysis_detection_grid_quick$)') ||
+      clang_status=$?
+    if [ "$clang_status" != 0 ]; then failed+=("clang pass tests"); fi
+  fi
+elif [ "${STEPWATCH_SKIP_FUZZ:-0}" != "1" ]; then
+  echo "=== fuzz targets (clang, libFuzzer + ASan + UBSan), bounded time each ==="
+  scripts/fuzz.sh "${STEPWATCH_FUZZ_SECONDS:-15}" || failed+=("fuzz")
 fi
+if [ -n "$fuzz_pid" ]; then
+  wait "$fuzz_pid" || true
+  report "fuzz targets (libFuzzer + ASan + UBSan)" "$logs/fuzz" "$(cat "$logs/fuzz.status")"
+fi
+
+if [ "${#failed[@]}" -gt 0 ]; then
+  printf 'FAILED: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+echo "scripts/test.sh: every pass succeeded"
