@@ -372,7 +372,13 @@ std::string FormatExplainHeader(const v1::ExplainResponse& e) {
     absl::StrAppend(&out, "Scaling efficiency (per-GPU throughput vs smaller runs): ",
                     FormatPercent(e.scaling_efficiency_ratio()), "\n");
   }
-
+  // Analysed without some ranks: the verdicts below saw less than the job sent.
+  if (j.incomplete_steps() > 0 || j.late_samples() > 0) {
+    absl::StrAppend(&out, "Incomplete: ", j.incomplete_steps(),
+                    " steps analysed without every rank, ", j.late_samples(),
+                    " rank samples came after their step was analysed (one node's reports far "
+                    "behind the others'?)\n");
+  }
   return out;
 }
 

@@ -20,6 +20,10 @@ jobs="${STEPWATCH_TEST_JOBS:-2}"
 # Line tables only (-g1): file:line in every stack trace at about 20% less compile time than -g.
 line_tables=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG")
+# The sanitizer build unoptimised: 39% less compile time (4 files, 27.7 s at -O2, 16.9 s at -O0;
+# -O1 saves nothing), and the sanitizers miss nothing an optimiser would have removed.
+sanitizer_line_tables=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -g1 -DNDEBUG"
+  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O0 -g1 -DNDEBUG")
 
 scripts/install-deps.sh all
 
@@ -51,11 +55,12 @@ if [ "${STEPWATCH_SKIP_SANITIZE:-0}" = "1" ]; then sanitize=0; fi
 logs="$(mktemp -d /tmp/stepwatch-test.XXXXXX)"
 trap 'rm -rf "$logs"' EXIT
 (
-  # clang-tidy and include-what-you-use over the GCC build's compile commands (the ctest tests
-  # static_clang_tidy and static_iwyu run the same scripts; left out of the ctest run below).
+  # clang-tidy over the GCC build's compile commands (the ctest test static_clang_tidy runs the
+  # same script; left out of the ctest run below). include-what-you-use (static_iwyu, 4 minutes of
+  # both cores) is not part of this command: it only finds a stepwatch header used through
+  # another's include, which compiles either way; run it when you move includes (CONTRIBUTING.md).
   status=0
-  run_logged "static checks" "$logs/static" \
-    bash -c "scripts/clang-tidy.sh build-test $jobs && scripts/iwyu.sh build-test $jobs" || status=1
+  run_logged "static checks" "$logs/static" scripts/clang-tidy.sh build-test "$jobs" || status=1
   echo "$status" >"$logs/static.status"
   if [ "$sanitize" = 1 ]; then
     # Debian's gRPC, protobuf and Abseil are built with GCC; clang links against them
@@ -65,7 +70,7 @@ trap 'rm -rf "$logs"' EXIT
     run_logged "clang build" "$logs/clang-build" env STEPWATCH_BUILD_TYPE=RelWithDebInfo \
       scripts/build.sh build-clang -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
       -DSTEPWATCH_WERROR=ON -DSTEPWATCH_SANITIZE=ON -DSTEPWATCH_FUZZ=ON \
-      -DSTEPWATCH_BUILD_BENCHMARKS=OFF "${line_tables[@]}" || status=1
+      -DSTEPWATCH_BUILD_BENCHMARKS=OFF "${sanitizer_line_tables[@]}" || status=1
     echo "$status" >"$logs/clang-build.status"
   fi
 ) &
@@ -74,7 +79,7 @@ gcc_status=0
 (cd build-test && ctest --output-on-failure -j "$jobs" --timeout 600 -LE static) || gcc_status=$?
 if [ "$gcc_status" != 0 ]; then failed+=("GCC pass tests"); fi
 wait "$background" || true
-report "static checks (clang-tidy, include-what-you-use)" "$logs/static" "$(cat "$logs/static.status")"
+report "static checks (clang-tidy)" "$logs/static" "$(cat "$logs/static.status")"
 
 fuzz_pid=""
 if [ "$sanitize" = 1 ]; then

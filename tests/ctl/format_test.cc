@@ -444,6 +444,20 @@ TEST(FormatTest, ExplainShowsPerRankSectionMedians) {
   EXPECT_EQ(FormatExplain(SampleExplain(4, 2)).find("Sections"), std::string::npos);
 }
 
+// Steps analysed without some ranks are said under the job's line; a complete job says nothing.
+TEST(FormatTest, ExplainSaysWhenStepsWereAnalysedWithoutEveryRank) {
+  EXPECT_EQ(FormatExplain(SampleExplain(4, 2)).find("Incomplete"), std::string::npos);
+  v1::ExplainResponse e = SampleExplain(4, 2);
+  e.mutable_job()->set_incomplete_steps(7);
+  e.mutable_job()->set_late_samples(21);
+  const std::string out = FormatExplain(e);
+  EXPECT_NE(out.find("Incomplete: 7 steps analysed without every rank, 21 rank samples came after "
+                     "their step was analysed"),
+            std::string::npos)
+      << out;
+  EXPECT_LT(LineOf(out, "Incomplete:"), LineOf(out, "Where the step time goes"));
+}
+
 TEST(FormatTest, ExplainJsonCarriesSections) {
   absl::StatusOr<std::string> json = ToJson(SectionExplain());
   ASSERT_OK(json);
