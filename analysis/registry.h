@@ -91,8 +91,7 @@ struct JobRecord {
   std::vector<std::string> section_names;
   int64_t sections_folded = 0;
   // Steps analysed with fewer ranks than the world size (completed by the grace period or the
-  // pending cap), and rank samples that came after their step was analysed (not in the analysis;
-  // still journaled and forwarded).
+  // pending cap), and rank samples that came after their step was analysed (left out of it).
   int64_t incomplete_steps = 0;
   int64_t late_samples = 0;
   // One slot per detector, in the order of the detector list (null when it keeps none).
