@@ -119,6 +119,9 @@ if [ -n "$fuzz_pid" ]; then
 fi
 
 if [ "${#failed[@]}" -gt 0 ]; then
+  # The failed tests' own words last, where a log cut to its end still shows them.
+  if [ "$gcc_status" != 0 ]; then scripts/print-failed-tests.sh build-test; fi
+  if [ "${clang_status:-0}" != 0 ]; then scripts/print-failed-tests.sh build-clang; fi
   printf 'FAILED: %s\n' "${failed[@]}" >&2
   exit 1
 fi

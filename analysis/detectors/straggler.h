@@ -93,7 +93,15 @@ class StragglerState : public DetectorState {
     size_t peers = 0;
     bool split = false;
     double sigma = -1;
-    double scale = 0;  // the peers' median busy time then
+    double scale = 0;  // the peers' median busy time then (smoothed)
+    // The peers' median busy time, smoothed over a few steps: one step's median of a small group
+    // varies as much as its ranks do (20-30% for 2 ms steps of a real job on a busy host).
+    double median_smoothed = 0;
+    // The group's noise as last measured (kept across a rescale): how far the smoothed median may
+    // wander within one regime.
+    double last_sigma = -1;
+    // The median over the peers of their busy time's outlier rate (SeriesTest::spike_rate).
+    double spike_rate = 0;
     // Squared spread across the healthy peers, summed over the steps since the group started or
     // was rescaled (the noise until the ranks' own is known).
     double spread_sum = 0;
@@ -134,6 +142,7 @@ class StragglerDetector : public Detector {
     double h = 0;          // flag threshold
     double h_clear = 0;    // clear threshold
     double abs_floor = 0;  // seconds
+    double step_cap = 0;   // the most one step adds to a statistic (OutlierStepCap)
   };
   void ScoreGroup(const JobView& view, const StepView& step, size_t begin, size_t end,
                   StragglerState& st);

@@ -35,6 +35,10 @@ constexpr size_t kMinSpreadPeers = 4;
 constexpr double kSpreadInflation = 1.25;
 // A median busy time that moved by more than this factor since is a new regime of noise.
 constexpr double kRescaleRatio = 1.25;
+// Weight of the newest step in the smoothed median busy time that a new regime is judged by, and
+// how many of its standard deviations (from the group's noise) it may wander before it is one.
+constexpr double kScaleMemory = 1.0 / 4;
+constexpr double kScaleWanderSigmas = 3;
 
 }  // namespace
 
@@ -242,6 +246,12 @@ void UpdateGroupNoise(bool rescaled, bool refresh, double median_busy, int64_t s
           return r == nullptr ? nullptr : &r->busy;
         },
         scratch);
+    scratch->clear();
+    for (size_t k = 0; k < n; ++k) {
+      const RankScores* r = st.Of(es[peers[k]].rank);
+      if (r != nullptr) scratch->push_back(r->busy.spike_rate);
+    }
+    group->spike_rate = scratch->empty() ? 0 : MedianInPlace(*scratch);
     group->refreshed_step = step;
     group->peers = n;
     group->scale = median_busy;
@@ -360,7 +370,17 @@ void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, si
   const double all = MedianInPlace(scratch_);
   // When the step's scale changed at once (a long data wait that dominated the step ended), the
   // relative noise changed with it: the tests pause until the ranks' noise has been measured anew.
-  const bool rescaled = all > kRescaleRatio * group.scale || group.scale > kRescaleRatio * all;
+  // The change is judged on the smoothed median, against what the group's own noise lets it
+  // wander: one step's median of a few noisy ranks (2-5 ms steps of a real 4-rank job on a busy
+  // host) left a fixed band so often that the tests paused for hundreds of steps.
+  group.median_smoothed = group.median_smoothed > 0
+                              ? group.median_smoothed + kScaleMemory * (all - group.median_smoothed)
+                              : all;
+  const double wander = kScaleWanderSigmas * std::sqrt(kScaleMemory / (2 - kScaleMemory)) *
+                        std::max(0.0, group.last_sigma);
+  const double band = std::max(std::log(kRescaleRatio), wander);
+  const bool rescaled =
+      group.scale <= 0 || std::fabs(std::log(group.median_smoothed / group.scale)) > band;
   const bool refresh =
       !rescaled && (step.step - group.refreshed_step >= kRefreshSteps || group.peers != n);
   PeerReference ref;
@@ -371,8 +391,10 @@ void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, si
     ChooseHealthy(es, st);
     if (!HealthyReference(es, peers_, healthy_, group.split, &scratch_, &ref)) return;
   }
-  UpdateGroupNoise(rescaled, refresh, all, step.step, es, peers_, st, &group, &scratch_);
+  UpdateGroupNoise(rescaled, refresh, group.median_smoothed, step.step, es, peers_, st, &group,
+                   &scratch_);
   const double sigma_measured = MeasuredSigma(es, peers_, healthy_, ref.busy, &group, &scratch_);
+  if (sigma_measured >= 0) group.last_sigma = sigma_measured;
   Round round;
   round.step = step.step;
   round.nanos = step.nanos;
@@ -384,7 +406,9 @@ void StragglerDetector::ScoreGroup(const JobView& view, const StepView& step, si
   if (sigma_measured >= 0) {
     test.emplace(std::max(sigma_measured, opt.straggler_noise_floor), min_effect, round.h,
                  round.h_clear, round.abs_floor, round.step, round.nanos);
+    test->step_cap = OutlierStepCap(round.h, group.spike_rate);
   }
+  round.step_cap = test ? test->step_cap : round.h / 2;
   const GroupStep g{opt, step.step, n, all, h, min_effect, ref, test ? &*test : nullptr};
   scored_.clear();
   for (size_t k = 0; k < n; ++k) {
@@ -494,6 +518,7 @@ void StragglerDetector::ScoreSections(const JobView& view, const std::vector<Ent
     if (sigma_measured >= 0) {
       test.emplace(std::max(sigma_measured, opt.straggler_noise_floor), min_effect, round.h,
                    round.h_clear, round.abs_floor, round.step, round.nanos);
+      test->step_cap = round.step_cap;  // the busy time's: the same host's outliers
     }
     for (size_t k = 0; k < m; ++k) {
       const double rank_ref = m == 2 ? values[1 - k].seconds : ref;

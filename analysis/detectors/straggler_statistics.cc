@@ -8,6 +8,8 @@ constexpr float kNoiseMemory = 1.0f / 32;
 constexpr float kRecentNoiseMemory = 1.0f / 8;
 // A step's excess counts at most this many standard deviations beyond the tested effect.
 constexpr double kClipSigmas = 4;
+// Weight of the newest step in a series' outlier rate.
+constexpr float kSpikeMemory = 1.0f / 64;
 
 double Clamp(double x, double lo, double hi) { return std::min(std::max(x, lo), hi); }
 
@@ -26,7 +28,12 @@ void ObserveNoise(double rel, SeriesTest* t) {
         t->observed > kWarmupSteps && t->var > 0 ? kClipSigmas * std::sqrt(2.0) * t->Noise() : 0;
     // One outlier step (a pause, a checkpoint) must not inflate the noise for tens of steps.
     auto clip = [&](double d) { return bound > 0 ? Clamp(d, -bound, bound) : d; };
-    const double d = clip(rel - t->recent[(t->observed - 1) % SeriesTest::kNoiseLag]);
+    const double raw = rel - t->recent[(t->observed - 1) % SeriesTest::kNoiseLag];
+    const double d = clip(raw);
+    if (bound > 0) {
+      const float spike = std::fabs(raw) > bound ? 1.0f : 0.0f;
+      t->spike_rate += kSpikeMemory * (spike - t->spike_rate);
+    }
     const double a = std::max(1.0 / (t->observed - 1), static_cast<double>(kNoiseMemory));
     const double b = std::max(1.0 / (t->observed - 1), static_cast<double>(kRecentNoiseMemory));
     t->var = static_cast<float>((1 - a) * t->var + a * d * d / 2);
@@ -50,6 +57,7 @@ TestRound::TestRound(double sigma, double min_effect_in, double h_in, double h_c
       step(step_in),
       nanos(nanos_in) {
   const double s2 = sigma * sigma;
+  step_cap = h / 2;
   this->sigma = sigma;
   sigma2 = s2;
   for (int j = 0; j < SeriesTest::kBank; ++j) {
@@ -65,7 +73,7 @@ bool UpdateSeriesForTest(double rel, double abs, double self, const TestRound& r
                          SeriesTest* t) {
   if (t->tested_from < 0) t->tested_from = round.step;
   // Two full steps reach the threshold (float sums must not fall short of it by a rounding).
-  const double cap = round.h / 2 * (1 + 1e-6);
+  const double cap = round.step_cap * (1 + 1e-6);
   for (int j = 0; j < SeriesTest::kBank; ++j) {
     const double x = Clamp(rel, round.lo[j], round.hi[j]);
     const double inc = std::min(round.coef[j] * (x - round.half[j]), cap);
@@ -121,6 +129,11 @@ bool UpdateSeriesForTest(double rel, double abs, double self, const TestRound& r
   t->effect_sum = 0;
   t->effect_steps = 0;
   return true;
+}
+
+double OutlierStepCap(double h, double spike_rate) {
+  if (spike_rate <= 0) return h / 2;
+  return Clamp(std::log(1 / spike_rate), h / 8, h / 2);
 }
 
 bool IsSuspect(const SeriesTest& t, double h, double min_effect) {

@@ -31,6 +31,9 @@ struct SeriesTest {
   float var = 0, var_recent = 0, var_lagged = 0;
   std::array<float, kNoiseLag> recent{};
   float Noise() const { return std::sqrt(std::max({var, var_recent, var_lagged})); }
+  // Share of recent steps whose change was an outlier (clipped at kClipSigmas deviations): a
+  // rank descheduled now and then on a busy host. Bounds the evidence one step may add.
+  float spike_rate = 0;
   int32_t observed = 0;
   // Long-memory mean of the series against the median of all peers: how the split into a fast and
   // a slow cluster sees the rank.
@@ -64,9 +67,19 @@ struct TestRound {
   double min_effect, h, h_clear, abs_floor;
   int64_t step, nanos;
   double sigma = 0, sigma2 = 0;
+  // The most one step may add to a statistic: h / 2 (no single outlier flags a rank), less where
+  // outliers are common (OutlierStepCap).
+  double step_cap = 0;
   // The bank's statistics.
   std::array<double, SeriesTest::kBank> coef, half, lo, hi;
 };
+
+// The most evidence one step may add when a share `spike_rate` of steps are outliers: about
+// log(1 / spike_rate), the rarity of an outlier, between h / 8 and h / 2. With Gaussian noise
+// (outliers rarer than exp(-h / 2)) two slow steps can flag a rank; where a busy host deschedules
+// ranks for a step or two every few hundred steps, a burst of two or three no longer does, while
+// a rank that stays slower still crosses within h / log(1 / spike_rate) steps.
+double OutlierStepCap(double h, double spike_rate);
 
 // Updates `t` with one step's relative excess `rel` (and `abs` seconds) over a reference that
 // includes the series itself with weight 1 / c (`self` = c / (c - 1) turns the excess into the one

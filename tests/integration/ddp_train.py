@@ -2,7 +2,8 @@
 
 Started once per rank with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment (the
 stepwatch identity comes from there too: STEPWATCH_SOCKET, STEPWATCH_JOB). One rank can be made a
-straggler with --slow-rank/--slow-s (it sleeps in its forward). With --no-watch the same loop runs
+straggler with --slow-rank/--slow-s (it sleeps in its forward); --device-s makes every rank wait
+in its forward as if for a device. With --no-watch the same loop runs
 uninstrumented, which is how the overhead of watch() is measured. Rank 0 prints one JSON line with
 the mean wall time per step of the measured steps.
 """
@@ -21,15 +22,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 
 class Net(torch.nn.Module):
-    def __init__(self, slow_s):
+    def __init__(self, wait_s):
         super().__init__()
         self.body = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
                                         torch.nn.Linear(64, 4))
-        self.slow_s = slow_s
+        self.wait_s = wait_s
 
     def forward(self, x):
-        if self.slow_s > 0:
-            time.sleep(self.slow_s)
+        if self.wait_s > 0:
+            time.sleep(self.wait_s)
         return self.body(x)
 
 
@@ -39,6 +40,10 @@ def main():
     parser.add_argument("--batch", type=int, default=16, help="samples per step and rank")
     parser.add_argument("--slow-rank", type=int, default=-1, help="rank that sleeps in forward")
     parser.add_argument("--slow-s", type=float, default=0.03, help="seconds the slow rank sleeps")
+    parser.add_argument("--device-s", type=float, default=0.0,
+                        help="seconds every rank sleeps in forward, as if waiting for a device: "
+                        "the step's busy time is then mostly steady waiting, as on a GPU, not "
+                        "host CPU that ranks sharing a few cores take from each other")
     parser.add_argument("--no-watch", action="store_true", help="run without stepwatch")
     parser.add_argument("--no-comm-timing", action="store_true",
                         help="watch without the communication hook (time_comm=False)")
@@ -49,7 +54,8 @@ def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(1234 + rank)
-    model = DistributedDataParallel(Net(args.slow_s if rank == args.slow_rank else 0.0))
+    model = DistributedDataParallel(
+        Net(args.device_s + (args.slow_s if rank == args.slow_rank else 0.0)))
     data = torch.utils.data.TensorDataset(torch.randn(args.batch * 64, 32),
                                           torch.randn(args.batch * 64, 4))
     loader = torch.utils.data.DataLoader(data, batch_size=args.batch, shuffle=True, drop_last=True)

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <random>
@@ -355,6 +356,28 @@ TEST(StragglerStatisticsTest, PeerNoiseIsKnownAfterHalfTheWarmUpInGroupsOfThreeO
   }
   EXPECT_LT(kPeerWarmupSteps, kWarmupSteps);
   EXPECT_GT(peer_noise(4), 0.01);
+}
+
+}  // namespace
+}  // namespace stepwatch::analysis
+
+namespace stepwatch::analysis {
+namespace {
+
+TEST(OutlierStepCapTest, RareOutliersLetTwoStepsFlagCommonOnesNeedMore) {
+  const double h = 19;
+  EXPECT_DOUBLE_EQ(OutlierStepCap(h, 0), h / 2);
+  EXPECT_DOUBLE_EQ(OutlierStepCap(h, 1e-6), h / 2);  // Gaussian noise: outliers rarer than e^-9.5
+  EXPECT_NEAR(OutlierStepCap(h, 1.0 / 64), std::log(64.0), 1e-9);  // one outlier in 64 steps
+  EXPECT_DOUBLE_EQ(OutlierStepCap(h, 0.5), h / 8);                 // never under h / 8
+}
+
+TEST(OutlierStepCapTest, OutlierStepsRaiseTheSeriesSpikeRate) {
+  SeriesTest t;
+  for (int i = 0; i < 100; ++i) ObserveNoise(0.01 * (i % 2), &t);
+  EXPECT_EQ(t.spike_rate, 0);
+  ObserveNoise(5.0, &t);  // a descheduled step
+  EXPECT_GT(t.spike_rate, 0.01);
 }
 
 }  // namespace
