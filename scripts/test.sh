@@ -17,13 +17,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="${STEPWATCH_TEST_JOBS:-2}"
+t0=$(date +%s)
+elapsed() { echo "$(($(date +%s) - t0)) s"; }  # since the command started: where the time goes
 # Line tables only (-g1): file:line in every stack trace at about 20% less compile time than -g.
 line_tables=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG")
 
 scripts/install-deps.sh all
 
-echo "=== build (RelWithDebInfo, -Werror) and all tests ==="
+echo "=== build (RelWithDebInfo, -Werror) and all tests ($(elapsed)) ==="
 STEPWATCH_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-test -DSTEPWATCH_WERROR=ON "${line_tables[@]}"
 
 # Most integration tests wait on the processes they start: alone, the tests keep a 2-core machine
@@ -35,13 +37,15 @@ failed=()
 run_logged() {  # NAME LOG COMMAND...: runs COMMAND at nice 19 with its output in LOG
   local name="$1" log="$2"
   shift 2
+  local started=$SECONDS
   if ! nice -n 19 "$@" >"$log" 2>&1; then
-    echo "FAILED: $name" >>"$log"
+    echo "FAILED: $name after $((SECONDS - started)) s" >>"$log"
     return 1
   fi
+  echo "$name: done in $((SECONDS - started)) s, $(elapsed) after the command started" >>"$log"
 }
 report() {  # NAME LOG STATUS: prints LOG and records a failure
-  echo "=== $1 (ran beside the tests) ==="
+  echo "=== $1 (ran beside the tests; reported $(elapsed) in) ==="
   cat "$2"
   if [ "$3" != 0 ]; then failed+=("$1"); fi
 }
@@ -72,7 +76,9 @@ trap 'rm -rf "$logs"' EXIT
 ) &
 background=$!
 gcc_status=0
+echo "=== GCC build done ($(elapsed)); its tests ==="
 (cd build-test && ctest --output-on-failure -j "$jobs" --timeout 600 -LE static) || gcc_status=$?
+echo "=== GCC pass tests done ($(elapsed)) ==="
 if [ "$gcc_status" != 0 ]; then failed+=("GCC pass tests"); fi
 wait "$background" || true
 report "static checks (clang-tidy)" "$logs/static" "$(cat "$logs/static.status")"
@@ -95,7 +101,7 @@ if [ "$sanitize" = 1 ]; then
       ) &
       fuzz_pid=$!
     fi
-    echo "=== clang pass: C++ and integration tests under ASan + UBSan ==="
+    echo "=== clang pass: C++ and integration tests under ASan + UBSan ($(elapsed)) ==="
     # Python-only and static checks gain nothing from sanitizers; they ran above. The network and
     # process fault tests are timing-bound (a 60 s partition) and exercise no C++ path the other
     # integration tests miss; so are the demo (two minutes of the same agent and collector
@@ -123,6 +129,7 @@ if [ "${#failed[@]}" -gt 0 ]; then
   if [ "$gcc_status" != 0 ]; then scripts/print-failed-tests.sh build-test; fi
   if [ "${clang_status:-0}" != 0 ]; then scripts/print-failed-tests.sh build-clang; fi
   printf 'FAILED: %s\n' "${failed[@]}" >&2
+  echo "scripts/test.sh: failed after $(elapsed)" >&2
   exit 1
 fi
-echo "scripts/test.sh: every pass succeeded"
+echo "scripts/test.sh: every pass succeeded in $(elapsed)"
