@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -71,6 +72,8 @@ struct Replay {
   // persistent.
   std::map<int, int> longest_flagged_ticks;
   bool any_persistent = false;
+  // Summaries of every finding of another kind (a regression, a stall, a slow node...).
+  std::set<std::string> other_findings;
   int64_t last_step = -1;
 };
 
@@ -83,7 +86,10 @@ Replay ReplayCapture(const std::vector<Captured>& capture) {
     engine.Advance(now);
     std::map<int, int> now_flagged;
     for (const Finding& f : engine.Findings()) {
-      if (f.kind != FindingKind::kStraggler) continue;
+      if (f.kind != FindingKind::kStraggler) {
+        r.other_findings.insert(f.summary);
+        continue;
+      }
       now_flagged[f.rank] = flagged_ticks[f.rank] + 1;
       r.first_flagged_at_step.emplace(f.rank, r.last_step);
       r.any_persistent = r.any_persistent || f.persistent;
@@ -126,6 +132,7 @@ TEST(DdpCaptureReplayTest, HealthyJobOnABusyHostRaisesNothingLasting) {
   const Replay r = ReplayCapture(capture);
   EXPECT_EQ(r.last_step, 1498);
   EXPECT_FALSE(r.any_persistent);
+  EXPECT_TRUE(r.other_findings.empty()) << *r.other_findings.begin();
   for (const auto& [rank, ticks] : r.longest_flagged_ticks) {
     EXPECT_LE(ticks, 10) << "rank " << rank << " stayed flagged " << ticks * 0.2 << " s";
   }
