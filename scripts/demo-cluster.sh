@@ -23,7 +23,23 @@ seconds="${STEPWATCH_DEMO_SECONDS:-0}"
 speed="${STEPWATCH_DEMO_SPEED:-1}"
 nodes=8
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# A free loopback port, never one this script handed out before: the kernel may give a port it
+# just released to the next bind, and two agents told the same port leave one node unserved.
+# Called in $(...), so the ports handed out are kept in a file, not a variable.
+ports_given="$(mktemp /tmp/stepwatch-demo-ports.XXXXXX)"
+free_port() {
+  local port
+  for _ in $(seq 1 50); do
+    port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+    if ! grep -qx "$port" "$ports_given"; then
+      echo "$port" >>"$ports_given"
+      echo "$port"
+      return 0
+    fi
+  done
+  echo "demo-cluster.sh: no new free port in 50 tries" >&2
+  return 1
+}
 collectors="${STEPWATCH_DEMO_COLLECTORS:-1}"
 grpc_addrs=("${STEPWATCH_DEMO_GRPC:-127.0.0.1:$(free_port)}")
 metrics_addrs=("${STEPWATCH_DEMO_METRICS:-127.0.0.1:$(free_port)}")
@@ -57,6 +73,7 @@ done
 pids=()
 cleanup() {
   trap - EXIT INT TERM
+  rm -f "$ports_given"
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
   echo "demo: stopped ${#pids[@]} processes; logs in $run_dir"
