@@ -69,12 +69,23 @@ def fake_nvml_path():
     return build_path("libnvidia-ml.so.1")
 
 
+# Ports free_port handed out in this process: the kernel may give a port it just released to
+# the next bind, and two servers told one port leave one of them unstarted.
+_ports_given = set()
+
+
 def free_port(host="127.0.0.1"):
-    """A TCP port that was free a moment ago (the kernel picks it)."""
+    """A TCP port that was free a moment ago (the kernel picks it), never one this process was
+    given before."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    for _ in range(50):
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _ports_given:
+            _ports_given.add(port)
+            return port
+    raise RuntimeError("no new free port in 50 tries")
 
 
 def wait_until(predicate, timeout=30.0, interval=0.1, message="condition"):
