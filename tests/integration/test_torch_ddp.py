@@ -95,26 +95,12 @@ def flagged_ranks(collector, job):
                   if labels.get("job") == job and value == 1)
 
 
-def straggler_findings(collector, job):
-    """Ranks of `job`'s straggler findings: the active ones while it runs, those its report kept
-    once all its ranks exited; none before the collector saw its first step."""
+def straggler_finding_records(collector, job):
+    """The straggler findings of `job` as JSON objects: the active ones while it runs, those its
+    report kept once all its ranks exited; none before the collector saw its first step."""
     result = ctl(collector.grpc_addr, "findings", job, "--json")
     if result.returncode == 1 and ('no job named "%s"' % job) in result.stderr:
         return []
-    if result.returncode == 1 and ('job "%s" has ended' % job) in result.stderr:
-        report = ctl_json(collector.grpc_addr, "report", job)
-        return sorted(int(f["rank"]) for f in report.get("findings", [])
-                      if f.get("kind") == "straggler")
-    if result.returncode != 0:
-        raise AssertionError("stepwatchctl findings %s failed: %s" % (job, result.stderr))
-    findings = json.loads(result.stdout).get("findings", [])
-    return sorted(int(f["rank"]) for f in findings if f.get("kind") == "straggler")
-
-
-def straggler_finding_records(collector, job):
-    """The straggler findings of `job` as JSON objects: the active ones while it runs, those its
-    report kept once all its ranks exited."""
-    result = ctl(collector.grpc_addr, "findings", job, "--json")
     if result.returncode == 1 and ('job "%s" has ended' % job) in result.stderr:
         findings = ctl_json(collector.grpc_addr, "report", job).get("findings", [])
     elif result.returncode == 0:
@@ -122,6 +108,11 @@ def straggler_finding_records(collector, job):
     else:
         raise AssertionError("stepwatchctl findings %s failed: %s" % (job, result.stderr))
     return [f for f in findings if f.get("kind") == "straggler"]
+
+
+def straggler_findings(collector, job):
+    """Ranks of `job`'s straggler findings (straggler_finding_records)."""
+    return sorted(int(f["rank"]) for f in straggler_finding_records(collector, job))
 
 
 def job_last_step(collector, job):
@@ -218,6 +209,7 @@ class TorchDdpTest(unittest.TestCase):
             persistent = [f for f in straggler_finding_records(self.collector, "ddp-healthy")
                           if f.get("persistent")]
             self.assertEqual(persistent, [], self.diagnostics(job))
+
 
 if __name__ == "__main__":
     unittest.main()
